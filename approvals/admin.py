@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from approvals.models import ApprovalDecision, ApprovalRequest, EscalationRule, PolicyTier, Tool
+from console.lib.admin import ReadOnlyAdmin
+
+
+class EscalationRuleInline(admin.TabularInline):
+    model = EscalationRule
+    extra = 0
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "base_tier", "idempotency", "queue", "schema_version", "enabled"]
+    list_filter = ["kind", "base_tier", "idempotency", "queue", "enabled"]
+    search_fields = ["name", "description"]
+    inlines = [EscalationRuleInline]
+
+
+@admin.register(PolicyTier)
+class PolicyTierAdmin(admin.ModelAdmin):
+    list_display = ["level", "requirement", "shows_preview", "approval_ttl_seconds", "description"]
+
+
+@admin.register(EscalationRule)
+class EscalationRuleAdmin(admin.ModelAdmin):
+    list_display = ["tool", "argument_path", "comparison", "value", "tier"]
+    list_filter = ["tool", "tier"]
+
+
+class DecisionInline(admin.TabularInline):
+    model = ApprovalDecision
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(ReadOnlyAdmin):
+    list_display = ["approval_id", "tenant", "call_id", "risk_tier", "status", "approvals_needed", "expires_at"]
+    list_filter = ["status", "risk_tier", "tenant"]
+    search_fields = ["approval_id", "call_id", "operation__operation_id", "task__task_id"]
+    inlines = [DecisionInline]
+
+
+@admin.register(ApprovalDecision)
+class ApprovalDecisionAdmin(ReadOnlyAdmin):
+    list_display = ["request", "reviewer", "verdict", "created_at"]
+    list_filter = ["verdict"]

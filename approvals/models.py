@@ -1,0 +1,187 @@
+"""Tools, the policy tiers and escalation rules that gate them, approval requests and decisions."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from console.models import RiskTier
+
+
+class Tool(models.Model):
+    class Kind(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+
+    class Idempotency(models.TextChoices):
+        NATIVE = "native", "Native idempotency key"
+        QUERY = "query", "Query by key"
+        NONE = "none", "None"
+
+    class Queue(models.TextChoices):
+        FAST = "fast"
+        SLOW = "slow"
+
+    name = models.CharField(max_length=100, unique=True, help_text="e.g. payments.refund")
+    description = models.TextField(blank=True)
+    adapter = models.CharField(max_length=100, help_text="Name of the adapter that executes it.")
+    json_schema = models.JSONField(help_text="JSON Schema for the arguments.")
+    schema_version = models.PositiveIntegerField(default=1)
+    base_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices, default=RiskTier.L1)
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.WRITE)
+    idempotency = models.CharField(max_length=8, choices=Idempotency.choices, default=Idempotency.NONE)
+    business_key = models.CharField(
+        max_length=100, blank=True,
+        help_text="Argument that names the business object; two operations on one never run at once.",
+    )
+    idempotency_key_template = models.CharField(
+        max_length=255, blank=True,
+        help_text="Business idempotency key, e.g. {tenant}:{order_id}:refund:{amount}. Empty: the operation ID.",
+    )
+    secret_fields = models.JSONField(default=list, blank=True, help_text="Argument names masked on screen.")
+    has_preview = models.BooleanField(default=False)
+    queue = models.CharField(max_length=8, choices=Queue.choices, default=Queue.FAST)
+    timeout_seconds = models.FloatField(default=10.0)
+    retryable_errors = models.JSONField(
+        default=list, blank=True, help_text='Error classes retried automatically, e.g. ["rate_limited", "unavailable"].'
+    )
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    total_deadline_seconds = models.PositiveIntegerField(default=300)
+    backoff_base_seconds = models.FloatField(default=0.5)
+    backoff_cap_seconds = models.FloatField(default=30.0)
+    enabled = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PolicyTier(models.Model):
+    class Requirement(models.TextChoices):
+        RUN = "run", "Run"
+        RUN_AUDIT = "run_audit", "Run and audit"
+        ONE_APPROVAL = "one_approval", "One approval"
+        TWO_APPROVALS = "two_approvals", "Two approvals"
+        FORBIDDEN = "forbidden", "Forbidden"
+
+    level = models.PositiveSmallIntegerField(choices=RiskTier.choices, unique=True)
+    requirement = models.CharField(max_length=16, choices=Requirement.choices)
+    shows_preview = models.BooleanField(default=False)
+    approval_ttl_seconds = models.PositiveIntegerField(default=3600)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["level"]
+
+    def __str__(self) -> str:
+        return f"L{self.level}: {self.get_requirement_display()}"
+
+    @property
+    def approvals_needed(self) -> int:
+        return {self.Requirement.ONE_APPROVAL: 1, self.Requirement.TWO_APPROVALS: 2}.get(self.requirement, 0)
+
+
+class EscalationRule(models.Model):
+    """Raises (never lowers) a call's tier when an argument matches."""
+
+    class Comparison(models.TextChoices):
+        GT = "gt", ">"
+        GTE = "gte", "≥"
+        LT = "lt", "<"
+        LTE = "lte", "≤"
+        EQ = "eq", "="
+        NE = "ne", "≠"
+        IN = "in", "in"
+        CONTAINS = "contains", "contains"
+
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, related_name="escalation_rules")
+    argument_path = models.CharField(max_length=200, help_text="Dotted path into the arguments, e.g. amount or to.0")
+    comparison = models.CharField(max_length=8, choices=Comparison.choices)
+    value = models.JSONField()
+    tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
+    description = models.CharField(max_length=200, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.tool}: {self.argument_path} {self.get_comparison_display()} {self.value} → L{self.tier}"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+    INVALIDATED = "invalidated"
+    CONSUMED = "consumed"
+
+
+A = ApprovalStatus
+
+APPROVAL_TRANSITIONS: dict[str, frozenset[str]] = {
+    A.PENDING: frozenset({A.APPROVED, A.REJECTED, A.EXPIRED, A.SUPERSEDED, A.INVALIDATED}),
+    # Approved but not yet dispatched: the dispatcher's re-check consumes it or finds it stale.
+    A.APPROVED: frozenset({A.CONSUMED, A.EXPIRED, A.INVALIDATED}),
+    A.REJECTED: frozenset(),
+    A.EXPIRED: frozenset(),
+    A.SUPERSEDED: frozenset(),
+    A.INVALIDATED: frozenset(),
+    A.CONSUMED: frozenset(),
+}
+
+
+class ApprovalRequest(models.Model):
+    """Bound to one call ID, its operation, the canonical argument hash, the task's state
+    version and an expiry. Approving anything else is approving something nobody saw."""
+
+    TRANSITIONS = APPROVAL_TRANSITIONS
+    EVENT_ENTITY = "approval"
+
+    approval_id = models.CharField(max_length=64, primary_key=True)
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="approval_requests")
+    task = models.ForeignKey("runs.Task", on_delete=models.PROTECT, related_name="approval_requests")
+    operation = models.ForeignKey("ledger.Operation", on_delete=models.PROTECT, related_name="approval_requests")
+    call_id = models.CharField(max_length=128)
+    arguments_hash = models.CharField(max_length=64)
+    tool_schema_version = models.PositiveIntegerField()
+    requested_by = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="+")
+    state_version = models.PositiveIntegerField(help_text="The task's version when the call was proposed.")
+    risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
+    escalation_reasons = models.JSONField(default=list, blank=True)
+    approvals_needed = models.PositiveSmallIntegerField(default=1)
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=A.PENDING)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    superseded_by = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "status", "expires_at"], name="approval_inbox_idx"),
+            models.Index(fields=["status", "expires_at"], name="approval_sweep_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} ({self.status})"
+
+
+class ApprovalDecision(models.Model):
+    class Verdict(models.TextChoices):
+        APPROVE = "approve"
+        REJECT = "reject"
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="decisions")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    verdict = models.CharField(max_length=8, choices=Verdict.choices)
+    reason = models.TextField(blank=True)
+    arguments_hash = models.CharField(max_length=64, help_text="What the reviewer saw.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Two approvals means two distinct people.
+            models.UniqueConstraint(fields=["request", "reviewer"], name="decision_one_per_reviewer"),
+        ]
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer} {self.verdict} {self.request_id}"

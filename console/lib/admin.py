@@ -1,0 +1,16 @@
+"""Records that are evidence: visible in the admin, changeable by nobody, superusers included."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

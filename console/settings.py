@@ -1,0 +1,218 @@
+"""Countersign settings: one module, typed environment variables (see .env.example).
+
+No variable set means embedded mode: SQLite in WAL mode, a broker on the local file system,
+an in-process channel layer, the demo identities. Production (COUNTERSIGN_ENV=production)
+refuses an insecure secret key and DEBUG.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from console.lib.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    env_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("COUNTERSIGN_VAR_DIR", str(BASE_DIR / "var")))
+
+COUNTERSIGN_ENV = env_choice("COUNTERSIGN_ENV", "embedded", ("embedded", "production"))
+EMBEDDED = COUNTERSIGN_ENV == "embedded"
+
+_INSECURE_KEY = "insecure-embedded-key-do-not-use-in-production"
+SECRET_KEY = env_str("SECRET_KEY", _INSECURE_KEY)
+DEBUG = env_bool("DEBUG", EMBEDDED)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+if not EMBEDDED:
+    if SECRET_KEY == _INSECURE_KEY or len(SECRET_KEY) < 40 or SECRET_KEY.startswith("insecure"):
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set to a random value of at least 40 characters in production."
+        )
+    if DEBUG:
+        raise ImproperlyConfigured("DEBUG must be false in production (COUNTERSIGN_ENV=production).")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "django_htmx",
+    "template_partials",
+    "console",
+    "runs",
+    "approvals",
+    "ledger",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = env_url(
+    "DATABASE_URL",
+    f"sqlite:///{VAR_DIR / 'countersign.sqlite3'}",
+    schemes=("sqlite", "postgres", "postgresql"),
+)
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+IS_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+if IS_SQLITE:
+    DATABASES["default"]["OPTIONS"] = {
+        # IMMEDIATE takes the write lock at BEGIN, so two writers never deadlock on a lock
+        # upgrade ("database is locked"); WAL lets readers go on while one writer commits.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # A file, not :memory:, so that the server, worker and provider processes started by the
+    # end-to-end tests see the same test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-countersign.sqlite3")}
+else:
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_countersign")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Auth, i18n, static ---------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [] if EMBEDDED else [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+WHITENOISE_USE_FINDERS = True  # embedded mode serves straight from static/ without collectstatic
+
+SESSION_COOKIE_SECURE = not EMBEDDED and env_bool("SESSION_COOKIE_SECURE", True)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# --- Celery ---------------------------------------------------------------------------------
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", "filesystem://", schemes=("filesystem", "redis", "amqp", "memory")
+)
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+else:
+    # Redis redelivers an unacked message after this many seconds, even to a second worker
+    # while the first still runs it (celery#2599): the ledger, not the broker, decides.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "fast"
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_TIMEZONE = "UTC"
+
+# --- Channels -------------------------------------------------------------------------------
+CHANNEL_LAYER_URL = env_url("CHANNEL_LAYER_URL", "memory://", schemes=("memory", "redis", "rediss"))
+if CHANNEL_LAYER_URL.startswith("memory://"):
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [CHANNEL_LAYER_URL], "capacity": 1000},
+        }
+    }
+# Live views tail the event table; this is how often each server process looks for new rows.
+LIVE_POLL_SECONDS = env_float("LIVE_POLL_SECONDS", 0.25, minimum=0.01)
+
+# --- REST framework -------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["console.api_auth.AgentTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Countersign agent API",
+    "DESCRIPTION": "Task contracts, leases, tool calls, operations and traces for AI agents.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Sandbox providers and demo -------------------------------------------------------------
+PORT = env_int("PORT", 8000, minimum=1, maximum=65533)
+SANDBOX_PAYMENTS_URL = env_str("SANDBOX_PAYMENTS_URL", f"http://127.0.0.1:{PORT + 1}")
+SANDBOX_MAIL_URL = env_str("SANDBOX_MAIL_URL", f"http://127.0.0.1:{PORT + 2}")
+SANDBOX_MAIL_SMTP_PORT = env_int("SANDBOX_MAIL_SMTP_PORT", PORT + 3, minimum=1, maximum=65535)
+DEMO_PASSWORD = env_str("DEMO_PASSWORD", "countersign-demo")
+DEMO_AGENT_TOKEN = env_str("DEMO_AGENT_TOKEN", "demo-agent-token")
+
+# --- OpenTelemetry --------------------------------------------------------------------------
+OTEL_ENABLED = env_bool("OTEL_ENABLED", False)
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "countersign")
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+
+# --- Logging --------------------------------------------------------------------------------
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+}

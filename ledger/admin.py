@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from console.lib.admin import ReadOnlyAdmin
+from ledger.models import Attempt, Call, Event, Operation
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Operation)
+class OperationAdmin(ReadOnlyAdmin):
+    list_display = ["operation_id", "tenant", "tool", "status", "risk_tier", "attempt_count", "updated_at"]
+    list_filter = ["status", "tool", "tenant", "risk_tier"]
+    search_fields = ["operation_id", "call_id", "task__task_id", "idempotency_key"]
+    inlines = [AttemptInline]
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "number", "fencing_token", "fact", "error_class", "latency_ms", "stale"]
+    list_filter = ["fact", "stale"]
+
+
+@admin.register(Call)
+class CallAdmin(ReadOnlyAdmin):
+    list_display = ["call_id", "task", "operation", "created_at"]
+    search_fields = ["call_id", "operation__operation_id"]
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ["id", "entity", "entity_id", "from_status", "to_status", "actor", "created_at"]
+    list_filter = ["entity", "to_status"]
+    search_fields = ["entity_id", "actor"]

@@ -1,0 +1,173 @@
+"""The operation ledger: one row per external effect, its attempts, and the append-only event log."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class Event(models.Model):
+    """Append-only: written in the same transaction as every transition of every record.
+
+    The live views are the tail of this table (ordered by id), so a client that reconnects asks
+    for events after the last id it saw. On PostgreSQL a trigger refuses UPDATE and DELETE.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, null=True, related_name="+")
+    entity = models.CharField(max_length=32)
+    entity_id = models.CharField(max_length=64)
+    from_status = models.CharField(max_length=32, blank=True)
+    to_status = models.CharField(max_length=32)
+    actor = models.CharField(max_length=160)
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["entity", "entity_id", "id"], name="event_entity_idx"),
+            models.Index(fields=["tenant", "id"], name="event_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.id} {self.entity}:{self.entity_id} {self.from_status or '∅'}→{self.to_status}"
+
+
+class OperationStatus(models.TextChoices):
+    PLANNED = "planned"
+    AUTHORIZED = "authorized"
+    DISPATCHED = "dispatched"
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    RETRY_SAFE = "retry_safe"
+    COMPENSATION_REQUIRED = "compensation_required"
+    MANUAL = "manual"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+S = OperationStatus
+
+# The only moves an operation may make. `dispatched` never goes back to planned or authorized;
+# a timeout goes to `unknown`, never to `failed`. `authorized → expired | cancelled` is the
+# dispatcher's re-check finding the approval expired or the task moved on. `dispatched →
+# retry_safe` needs the provider's promise of no effect (429, 503 before commit, refused
+# connection): the retry keeps the operation ID and key, attempt + 1.
+OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PLANNED: frozenset({S.AUTHORIZED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
+    S.AUTHORIZED: frozenset({S.DISPATCHED, S.EXPIRED, S.CANCELLED}),
+    S.DISPATCHED: frozenset({S.CONFIRMED, S.FAILED, S.UNKNOWN, S.RETRY_SAFE}),
+    S.UNKNOWN: frozenset({S.CONFIRMED, S.RETRY_SAFE, S.COMPENSATION_REQUIRED, S.MANUAL, S.FAILED}),
+    S.MANUAL: frozenset({S.CONFIRMED, S.RETRY_SAFE, S.COMPENSATION_REQUIRED, S.FAILED}),
+    S.RETRY_SAFE: frozenset({S.DISPATCHED, S.FAILED}),
+    S.COMPENSATION_REQUIRED: frozenset(),
+    S.CONFIRMED: frozenset(),
+    S.FAILED: frozenset(),
+    S.REJECTED: frozenset(),
+    S.EXPIRED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+OPERATION_TERMINAL = frozenset(s for s, moves in OPERATION_TRANSITIONS.items() if not moves)
+OPERATION_NEEDS_PERSON = frozenset({S.UNKNOWN, S.MANUAL, S.COMPENSATION_REQUIRED})
+
+
+class Operation(models.Model):
+    """One external effect. Its ID is derived from (tenant, task, step, tool) and is the
+    idempotency key sent to the provider unless the tool defines a business key."""
+
+    TRANSITIONS = OPERATION_TRANSITIONS
+    EVENT_ENTITY = "operation"
+
+    operation_id = models.CharField(max_length=64, primary_key=True)
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="operations")
+    task = models.ForeignKey("runs.Task", on_delete=models.PROTECT, related_name="operations")
+    step = models.ForeignKey("runs.Step", on_delete=models.PROTECT, related_name="operations")
+    tool = models.ForeignKey("approvals.Tool", on_delete=models.PROTECT, related_name="operations")
+    tool_schema_version = models.PositiveIntegerField()
+    principal = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="operations")
+    call_id = models.CharField(max_length=128, help_text="The call that created this operation.")
+    arguments = models.JSONField()
+    arguments_hash = models.CharField(max_length=64)
+    intent_hash = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=255)
+    business_key = models.CharField(max_length=255, blank=True, help_text="Mutual exclusion, e.g. the order ID.")
+    risk_tier = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=32, choices=OperationStatus.choices, default=S.PLANNED)
+    attempt_count = models.PositiveIntegerField(default=0)
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    dispatch_deadline = models.DateTimeField(null=True, blank=True)
+    receipt = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.CharField(max_length=255, blank=True)
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    compensates = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="compensations")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "status", "updated_at"], name="operation_queue_idx"),
+            models.Index(fields=["status", "updated_at"], name="operation_sweep_idx"),
+            models.Index(fields=["tool", "business_key", "status"], name="operation_business_key_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id} ({self.status})"
+
+
+class Call(models.Model):
+    """A model's tool call. Unique within its task; several calls may map to one operation
+    (the model regenerated the same step with a new call ID). Approvals bind to a call."""
+
+    task = models.ForeignKey("runs.Task", on_delete=models.PROTECT, related_name="calls")
+    call_id = models.CharField(max_length=128)
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="calls")
+    arguments_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "call_id"], name="call_unique_per_task"),
+        ]
+
+    def __str__(self) -> str:
+        return self.call_id
+
+
+class Fact(models.TextChoices):
+    """The four facts of a call (seed 000 §02)."""
+
+    NOT_SENT = "not_sent"
+    KNOWN_FAILURE = "known_failure"
+    UNKNOWN = "unknown"
+    KNOWN_SUCCESS = "known_success"
+
+
+class Attempt(models.Model):
+    """One dispatch of an operation. A stale worker's late result is kept here as evidence."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="attempts")
+    number = models.PositiveIntegerField()
+    fencing_token = models.PositiveBigIntegerField()
+    worker = models.CharField(max_length=160, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    fact = models.CharField(max_length=16, choices=Fact.choices, blank=True)
+    error_class = models.CharField(max_length=64, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    raw_response = models.JSONField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    stale = models.BooleanField(default=False, help_text="Arrived after a newer token took over; changed no status.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "number"], name="attempt_unique_number"),
+        ]
+        ordering = ["operation", "number"]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}#{self.number}"

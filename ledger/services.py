@@ -1,0 +1,232 @@
+"""Every write to operations and attempts: one function per transition.
+
+The dispatcher's protocol (DESIGN.md "Dispatch, in this order"): `operation_dispatch` commits
+`dispatched` with a new fencing token and attempt *before* the provider is called;
+`operation_record_outcome` commits the result only while (status = dispatched, token = mine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from console.lib.errors import Conflict, InvalidInput, NotFound
+from console.lib.transitions import record_event, transition
+from ledger.models import Attempt, Fact, Operation, OperationStatus
+
+S = OperationStatus
+
+
+def _get(operation_id: str, *, lock: bool = False) -> Operation:
+    qs = Operation.objects.select_for_update() if lock else Operation.objects
+    operation = qs.filter(operation_id=operation_id).first()
+    if operation is None:
+        raise NotFound(f"No operation {operation_id}.")
+    return operation
+
+
+def _enqueue_dispatch_on_commit(operation: Operation) -> None:
+    from ledger.tasks import enqueue_dispatch
+
+    transaction.on_commit(lambda: enqueue_dispatch(operation.operation_id, queue=operation.tool.queue))
+
+
+def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evidence: dict | None = None) -> Operation:
+    """planned → authorized; the dispatch is enqueued only once this commits."""
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        if transition(operation, to=S.AUTHORIZED, actor=actor, reason=reason, evidence=evidence):
+            _enqueue_dispatch_on_commit(operation)
+    return operation
+
+
+def operation_reject(*, operation_id: str, actor: str, reason: str) -> Operation:
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.REJECTED, actor=actor, reason=reason)
+    return operation
+
+
+def operation_expire(*, operation_id: str, actor: str, reason: str) -> Operation:
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.EXPIRED, actor=actor, reason=reason)
+    return operation
+
+
+def operation_cancel(*, operation_id: str, actor: str, reason: str) -> Operation:
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.CANCELLED, actor=actor, reason=reason)
+    return operation
+
+
+def operation_dispatch(*, operation_id: str, worker: str, deadline=None) -> tuple[Operation, Attempt]:
+    """authorized | retry_safe → dispatched with a new fencing token and attempt number.
+
+    Commits before the provider is called, so a crash after this point is an `unknown`
+    outcome the sweeper finds, never a silent second dispatch.
+    """
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
+            raise Conflict(
+                f"Operation {operation_id} is {operation.status}; only authorized or retry_safe dispatch.",
+                details={"status": operation.status},
+            )
+        number = operation.attempt_count + 1
+        token = operation.fencing_token + 1
+        transition(
+            operation, to=S.DISPATCHED, actor=f"worker:{worker}",
+            reason=f"attempt {number}", evidence={"attempt": number, "fencing_token": token},
+            guard={"fencing_token": operation.fencing_token, "attempt_count": operation.attempt_count},
+            changes={"fencing_token": token, "attempt_count": number, "dispatch_deadline": deadline},
+        )
+        attempt = Attempt.objects.create(operation=operation, number=number, fencing_token=token, worker=worker)
+    return operation, attempt
+
+
+_OUTCOME_STATUS = {
+    Fact.KNOWN_SUCCESS: S.CONFIRMED,
+    Fact.KNOWN_FAILURE: S.FAILED,
+    Fact.UNKNOWN: S.UNKNOWN,
+    Fact.NOT_SENT: S.RETRY_SAFE,
+}
+
+
+def operation_record_outcome(
+    *,
+    operation_id: str,
+    attempt_number: int,
+    fencing_token: int,
+    fact: str,
+    receipt: dict[str, Any] | None = None,
+    result: dict[str, Any] | None = None,
+    error_class: str = "",
+    error_code: str = "",
+    raw_response: Any = None,
+    latency_ms: int | None = None,
+    terminal_failure: bool = False,
+) -> tuple[Operation, bool]:
+    """Record one attempt's outcome, guarded by (status = dispatched, fencing token = mine).
+
+    Returns (operation, applied). A stale worker's late result is kept on its attempt as
+    evidence and changes no status (applied = False). `not_sent` with `terminal_failure`
+    (the retry budget is spent) ends in `failed`, otherwise in `retry_safe`.
+    """
+    if fact not in Fact.values:
+        raise InvalidInput(f"Unknown fact {fact!r}.")
+    if fact == Fact.KNOWN_SUCCESS and not receipt:
+        raise InvalidInput("A known success needs a receipt.")
+    now = timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
+        operation = _get(operation_id, lock=True)
+        is_current = operation.status == S.DISPATCHED and operation.fencing_token == fencing_token
+        Attempt.objects.filter(pk=attempt.pk).update(
+            finished_at=now, fact=fact, error_class=error_class[:64], error_code=str(error_code)[:64],
+            raw_response=raw_response, latency_ms=latency_ms, stale=not is_current,
+        )
+        if not is_current:
+            return operation, False
+        to = _OUTCOME_STATUS[fact]
+        if fact == Fact.NOT_SENT and terminal_failure:
+            to = S.FAILED
+        changes: dict[str, Any] = {"last_error": f"{error_class} {error_code}".strip()[:255]}
+        if receipt is not None:
+            changes["receipt"] = receipt
+        if result is not None:
+            changes["result"] = result
+        if to == S.UNKNOWN:
+            changes["next_reconcile_at"] = now
+        transition(
+            operation, to=to, actor=f"worker:{attempt.worker}", reason=f"attempt {attempt_number}: {fact}",
+            evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
+                      "error_code": str(error_code)},
+            guard={"fencing_token": fencing_token}, changes=changes,
+        )
+    return operation, True
+
+
+def operation_mark_unknown(*, operation_id: str, actor: str, reason: str, evidence: dict | None = None) -> Operation:
+    """dispatched → unknown: the worker died or the deadline passed with no recorded outcome."""
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(
+            operation, to=S.UNKNOWN, actor=actor, reason=reason, evidence=evidence,
+            guard={"fencing_token": operation.fencing_token},
+            changes={"next_reconcile_at": timezone.now()},
+        )
+    return operation
+
+
+def operation_confirm(*, operation_id: str, receipt: dict[str, Any], actor: str, reason: str,
+                      evidence: dict | None = None) -> Operation:
+    """unknown | manual → confirmed: a provider query or a person found the effect."""
+    if not receipt:
+        raise InvalidInput("Confirming needs a receipt.")
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
+                   changes={"receipt": receipt, "next_reconcile_at": None})
+    return operation
+
+
+def operation_mark_retry_safe(*, operation_id: str, actor: str, reason: str, evidence: dict[str, Any]) -> Operation:
+    """unknown | manual → retry_safe: only with evidence of no effect and a stopped request."""
+    if not evidence:
+        raise InvalidInput("Declaring an operation safe to retry needs evidence.")
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        if transition(operation, to=S.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
+                      changes={"next_reconcile_at": None}):
+            _enqueue_dispatch_on_commit(operation)
+    return operation
+
+
+def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evidence: dict | None = None) -> Operation:
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.MANUAL, actor=actor, reason=reason, evidence=evidence,
+                   changes={"next_reconcile_at": None})
+    return operation
+
+
+def operation_require_compensation(*, operation_id: str, actor: str, reason: str,
+                                   evidence: dict | None = None) -> Operation:
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.COMPENSATION_REQUIRED, actor=actor, reason=reason, evidence=evidence,
+                   changes={"next_reconcile_at": None})
+    return operation
+
+
+def operation_fail(*, operation_id: str, actor: str, reason: str, evidence: dict[str, Any]) -> Operation:
+    """unknown | manual | retry_safe → failed: no effect, with evidence."""
+    if not evidence:
+        raise InvalidInput("Marking an operation failed needs evidence that it had no effect.")
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=S.FAILED, actor=actor, reason=reason, evidence=evidence,
+                   changes={"next_reconcile_at": None})
+    return operation
+
+
+def operation_schedule_reconcile(*, operation_id: str, at, tries: int) -> None:
+    """Bookkeeping of the reconciler (no status change, so no event)."""
+    Operation.objects.filter(operation_id=operation_id, status=S.UNKNOWN).update(
+        next_reconcile_at=at, reconcile_attempts=tries
+    )
+
+
+def operation_created_event(operation: Operation, *, actor: str) -> None:
+    record_event(
+        entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
+        to_status=operation.status, actor=actor, reason=f"{operation.tool.name} call {operation.call_id}",
+        evidence={"intent_hash": operation.intent_hash, "risk_tier": operation.risk_tier},
+    )
+
+

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from console.lib.admin import ReadOnlyAdmin
+from runs.models import Lease, Step, Task
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    list_display = ["task_id", "tenant", "task_type", "status", "version", "updated_at"]
+    list_filter = ["status", "task_type", "tenant"]
+    search_fields = ["task_id", "goal"]
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    list_display = ["task", "step_id", "created_at"]
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdmin):
+    list_display = ["task", "owner", "generation", "fencing_token", "expires_at"]

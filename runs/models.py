@@ -1,0 +1,105 @@
+"""Workflow state: task contracts, their steps, and the leases that fence their workers."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class TaskStatus(models.TextChoices):
+    QUEUED = "queued"
+    PLANNING = "planning"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    WAITING_EXTERNAL = "waiting_external"
+    VERIFYING = "verifying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PAUSED = "paused"
+
+
+T = TaskStatus
+
+# `succeeded` is reachable only from `verifying`, and only through a verifier's evidence.
+TASK_TRANSITIONS: dict[str, frozenset[str]] = {
+    T.QUEUED: frozenset({T.PLANNING, T.CANCELLED}),
+    T.PLANNING: frozenset({T.RUNNING, T.FAILED, T.CANCELLED}),
+    T.RUNNING: frozenset({T.WAITING_APPROVAL, T.WAITING_EXTERNAL, T.VERIFYING, T.FAILED, T.CANCELLED, T.PAUSED}),
+    T.WAITING_APPROVAL: frozenset({T.RUNNING, T.FAILED, T.CANCELLED, T.PAUSED}),
+    T.WAITING_EXTERNAL: frozenset({T.RUNNING, T.FAILED, T.CANCELLED, T.PAUSED}),
+    T.VERIFYING: frozenset({T.SUCCEEDED, T.RUNNING, T.FAILED}),
+    T.PAUSED: frozenset({T.RUNNING, T.CANCELLED}),
+    T.SUCCEEDED: frozenset(),
+    T.FAILED: frozenset(),
+    T.CANCELLED: frozenset(),
+}
+TASK_TERMINAL = frozenset(s for s, moves in TASK_TRANSITIONS.items() if not moves)
+
+
+class Task(models.Model):
+    """A task contract and its state. Every change is a compare-and-set on `version`."""
+
+    TRANSITIONS = TASK_TRANSITIONS
+    EVENT_ENTITY = "task"
+
+    task_id = models.CharField(max_length=64, primary_key=True)
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    actor = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="tasks")
+    task_type = models.CharField(max_length=100)
+    goal = models.TextField()
+    inputs = models.JSONField(default=dict, blank=True)
+    success_criteria = models.JSONField(default=list, blank=True)
+    constraints = models.JSONField(default=dict, blank=True)
+    versions = models.JSONField(default=dict, blank=True, help_text="workflow, model, prompt, tool schema versions")
+    status = models.CharField(max_length=32, choices=TaskStatus.choices, default=T.QUEUED)
+    version = models.PositiveIntegerField(default=1)
+    superseded_by = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    calls_used = models.PositiveIntegerField(default=0)
+    writes_used = models.PositiveIntegerField(default=0)
+    amount_used = models.DecimalField(max_digits=18, decimal_places=4, default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "status", "updated_at"], name="task_list_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} ({self.status} v{self.version})"
+
+
+class Step(models.Model):
+    """A logical step of a task, named by the agent. One side-effecting call per step."""
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="steps")
+    step_id = models.CharField(max_length=128)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "step_id"], name="step_unique_per_task"),
+        ]
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}/{self.step_id}"
+
+
+class Lease(models.Model):
+    """Who may drive a task now. The fencing token strictly increases with every new holder;
+    only the current token may commit a transition or propose a call."""
+
+    task = models.OneToOneField(Task, on_delete=models.PROTECT, primary_key=True, related_name="lease")
+    owner = models.CharField(max_length=160)
+    generation = models.PositiveIntegerField(default=1)
+    fencing_token = models.PositiveBigIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    acquired_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.task_id} held by {self.owner} (token {self.fencing_token})"
+
+    def is_live(self, now=None) -> bool:
+        return self.expires_at > (now or timezone.now())

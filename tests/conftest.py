@@ -1,0 +1,83 @@
+"""Shared fixtures: a tenant with an owner agent, reviewers of each tier, support staff, and an
+outsider in another tenant — the cast every permission test needs."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from approvals.defaults import ensure_policy_defaults
+from approvals.models import Tool
+from console.models import AgentPrincipal, Membership, Role, Tenant
+
+AGENT_TOKEN = "test-agent-token"
+OUTSIDER_TOKEN = "test-outsider-token"
+
+
+def make_user(username: str, tenant: Tenant | None, *roles: str, max_tier: int | None = None, **extra):
+    user = get_user_model().objects.create_user(username=username, password="pw", **extra)
+    for role in roles:
+        Membership.objects.create(
+            user=user, tenant=tenant, role=role, max_tier=max_tier if role == Role.REVIEWER else None
+        )
+    return user
+
+
+def make_agent(tenant: Tenant, name: str, token: str) -> AgentPrincipal:
+    agent = AgentPrincipal(tenant=tenant, name=name)
+    agent.set_token(token)
+    agent.save()
+    agent.allowed_tools.set(Tool.objects.all())
+    return agent
+
+
+@pytest.fixture
+def policy(db):
+    ensure_policy_defaults()
+    return {tool.name: tool for tool in Tool.objects.all()}
+
+
+@pytest.fixture
+def tenant(db) -> Tenant:
+    return Tenant.objects.create(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def other_tenant(db) -> Tenant:
+    return Tenant.objects.create(slug="globex", name="Globex")
+
+
+@pytest.fixture
+def agent(policy, tenant) -> AgentPrincipal:
+    return make_agent(tenant, "agent", AGENT_TOKEN)
+
+
+@pytest.fixture
+def outsider_agent(policy, other_tenant) -> AgentPrincipal:
+    return make_agent(other_tenant, "outsider", OUTSIDER_TOKEN)
+
+
+@pytest.fixture
+def reviewer(tenant):
+    return make_user("reviewer", tenant, Role.REVIEWER, max_tier=3)
+
+
+@pytest.fixture
+def senior(tenant):
+    return make_user("senior", tenant, Role.REVIEWER, max_tier=4)
+
+
+@pytest.fixture
+def senior2(tenant):
+    return make_user("senior2", tenant, Role.REVIEWER, max_tier=4)
+
+
+@pytest.fixture
+def support_user(tenant):
+    return make_user("support", tenant, Role.SUPPORT)
+
+
+@pytest.fixture
+def outsider(other_tenant):
+    """A reviewer of every tier — in another tenant."""
+    return make_user("outsider", other_tenant, Role.REVIEWER, Role.SUPPORT, max_tier=4)
