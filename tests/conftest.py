@@ -81,3 +81,13 @@ def support_user(tenant):
 def outsider(other_tenant):
     """A reviewer of every tier — in another tenant."""
     return make_user("outsider", other_tenant, Role.REVIEWER, Role.SUPPORT, max_tier=4)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _in_process_broker():
+    """Unit tests run dispatches explicitly; messages published by on_commit go nowhere.
+    End-to-end tests start real workers with a real broker of their own."""
+    from console.celery import app
+
+    app.conf.broker_url = "memory://"
+    app.conf.task_always_eager = False
