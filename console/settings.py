@@ -162,8 +162,27 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "fast"
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ROUTES = {"ledger.reconcile_operation": {"queue": "slow"}, "ledger.sweep": {"queue": "fast"}}
+SWEEP_SECONDS = env_float("SWEEP_SECONDS", 2.0, minimum=0.1)
+CELERY_BEAT_SCHEDULE = {"ledger-sweep": {"task": "ledger.sweep", "schedule": SWEEP_SECONDS}}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
+
+# --- Dispatcher, reconciliation (the protocol's clocks) -----------------------------------
+# A dispatched operation with no recorded outcome after timeout + this grace is `unknown`.
+DISPATCH_GRACE_SECONDS = env_float("DISPATCH_GRACE_SECONDS", 10.0, minimum=0)
+# Authorized but not dispatched for this long: the broker lost the message; enqueue again.
+REDISPATCH_AFTER_SECONDS = env_float("REDISPATCH_AFTER_SECONDS", 15.0, minimum=0.1)
+# Unknown outcomes the provider cannot explain within this window go to a person (`manual`).
+RECONCILE_WINDOW_SECONDS = env_float("RECONCILE_WINDOW_SECONDS", 45.0, minimum=1)
+TENANT_MAX_IN_FLIGHT = env_int("TENANT_MAX_IN_FLIGHT", 16, minimum=1)
+# Retries may be at most this share of first attempts per tool over the last minute.
+RETRY_BUDGET_RATIO = env_float("RETRY_BUDGET_RATIO", 0.5, minimum=0)
+RETRY_BUDGET_MIN = env_int("RETRY_BUDGET_MIN", 20, minimum=0)
+# The circuit opens when this many of a tool's recent attempts failed transiently (and half).
+CIRCUIT_FAILURES = env_int("CIRCUIT_FAILURES", 8, minimum=1)
+CIRCUIT_WINDOW_SECONDS = env_float("CIRCUIT_WINDOW_SECONDS", 30.0, minimum=1)
+CIRCUIT_COOLDOWN_SECONDS = env_float("CIRCUIT_COOLDOWN_SECONDS", 5.0, minimum=0.1)
 
 # --- Channels -------------------------------------------------------------------------------
 CHANNEL_LAYER_URL = env_url("CHANNEL_LAYER_URL", "memory://", schemes=("memory", "redis", "rediss"))

@@ -102,6 +102,7 @@ class Operation(models.Model):
     receipt = models.JSONField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     last_error = models.CharField(max_length=255, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True, help_text="Backoff: no retry before this time.")
     reconcile_attempts = models.PositiveIntegerField(default=0)
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     compensates = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="compensations")

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from console.lib.errors import Conflict, InvalidInput, NotFound
@@ -110,6 +109,7 @@ def operation_record_outcome(
     raw_response: Any = None,
     latency_ms: int | None = None,
     terminal_failure: bool = False,
+    retry_at=None,
 ) -> tuple[Operation, bool]:
     """Record one attempt's outcome, guarded by (status = dispatched, fencing token = mine).
 
@@ -142,6 +142,8 @@ def operation_record_outcome(
             changes["result"] = result
         if to == S.UNKNOWN:
             changes["next_reconcile_at"] = now
+        if to == S.RETRY_SAFE:
+            changes["not_before"] = retry_at
         transition(
             operation, to=to, actor=f"worker:{attempt.worker}", reason=f"attempt {attempt_number}: {fact}",
             evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,

@@ -1,0 +1,32 @@
+# Two commands do everything: `make run` and `make test`. Each sets itself up (virtual
+# environment, dependencies, migrations) idempotently, with nothing but Python 3.11+.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.PHONY: run test lint chaos bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: $(STAMP)
+	$(PY) manage.py run_embedded
+
+test: $(STAMP)
+	$(PY) manage.py makemigrations --check --dry-run > /dev/null
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+chaos: $(STAMP)
+	$(PY) manage.py chaos --trials 20
+
+clean:
+	rm -rf var artifacts staticfiles

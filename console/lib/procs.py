@@ -1,0 +1,98 @@
+"""Child processes that die with their parent: the embedded run command and the end-to-end
+tests start the server, Celery worker and beat, and the sandboxes with this."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # A new session, so a terminal's Ctrl-C reaches only the parent, which stops the children
+    # in order; and SIGKILL on parent death, so nothing is left running even if it is killed.
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the parent's own shutdown still stops the children
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    def start(self, *, log_dir: Path | None = None) -> Child:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        stdout = None
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self.log_path = log_dir / f"{self.name}.log"
+            stdout = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
+        self.popen = subprocess.Popen(
+            self.argv, cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL,
+            stdout=stdout, stderr=subprocess.STDOUT if stdout else None, preexec_fn=_die_with_parent,
+        )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None:
+            return
+        if self.alive:
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.popen.wait()
+        # Reap grandchildren (e.g. prefork pool processes) left in its session.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    import httpx
+
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=1.0).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    return check

@@ -1,0 +1,97 @@
+"""`make run`: the whole product on one machine with nothing to install but Python.
+
+SQLite (WAL), a Celery worker and beat on the file-system broker, the sandbox providers, the
+ASGI server and the demo agent fleet, as children of this process. Ctrl-C stops them all.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from console.demo import ensure_demo_data
+from console.lib.procs import Child, http_ok, python, wait_until
+from ledger.sandbox.process import SandboxProcess
+
+
+class Command(BaseCommand):
+    help = "Run Countersign in embedded mode (server, worker, beat, sandboxes, demo fleet)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-fleet", action="store_true", help="Do not start the demo agent fleet.")
+
+    def handle(self, *args, no_fleet: bool = False, **options):
+        if not settings.EMBEDDED:
+            raise CommandError("run_embedded is for embedded mode; see the README for the distributed mode.")
+        var: Path = settings.VAR_DIR
+        for folder in ("broker/queue", "broker/processed", "sandbox", "logs"):
+            (var / folder).mkdir(parents=True, exist_ok=True)
+        call_command("migrate", interactive=False, verbosity=0)
+        ensure_demo_data()
+
+        port = settings.PORT
+        stopping = False
+
+        def request_stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+
+        sandboxes: list[SandboxProcess] = []
+        children: list[Child] = []
+        logs = var / "logs"
+        try:
+            sandboxes.append(SandboxProcess.start(
+                "payments", http_port=port + 1, db_path=var / "sandbox" / "payments.sqlite3",
+                hang_seconds=8, die_with_parent=True))
+            sandboxes.append(SandboxProcess.start(
+                "mail", http_port=port + 2, smtp_port=settings.SANDBOX_MAIL_SMTP_PORT,
+                db_path=var / "sandbox" / "mail.sqlite3", hang_seconds=8, die_with_parent=True))
+            children = [
+                Child("worker", python("-m", "celery", "-A", "console", "worker", "-Q", "fast,slow",
+                                       "-c", "2", "-l", "warning", "-n", "embedded@%h")),
+                Child("beat", python("-m", "celery", "-A", "console", "beat", "-l", "warning",
+                                     "-s", str(var / "celerybeat-schedule"))),
+                Child("server", python("-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+                                       "--port", str(port), "--lifespan", "off", "--log-level", "warning")),
+            ]
+            if not no_fleet:
+                children.append(Child("fleet", python("manage.py", "demo_fleet",
+                                                       "--url", f"http://127.0.0.1:{port}")))
+            for child in children:
+                child.start(log_dir=logs)
+            wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="the server")
+            self._banner(port, logs)
+            while not stopping:
+                for child in children:
+                    if not child.alive:
+                        self.stderr.write(f"{child.name} exited ({child.popen.returncode}); restarting it. "
+                                          f"See {child.log_path}.")
+                        child.start(log_dir=logs)
+                time.sleep(0.5)
+        finally:
+            self.stdout.write("Stopping…")
+            for child in reversed(children):
+                child.stop()
+            for sandbox in sandboxes:
+                sandbox.stop()
+            self.stdout.write("Stopped.")
+
+    def _banner(self, port: int, logs: Path) -> None:
+        password = settings.DEMO_PASSWORD
+        self.stdout.write(self.style.SUCCESS(f"\nCountersign is running at http://127.0.0.1:{port}\n"))
+        self.stdout.write(
+            f"  Log in as admin, reviewer (up to L3), senior (up to L4) or support; password: {password}\n"
+            f"  Agent API: http://127.0.0.1:{port}/api/v1/  (Authorization: Bearer {settings.DEMO_AGENT_TOKEN})\n"
+            f"  API docs:  http://127.0.0.1:{port}/api/docs/\n"
+            f"  Sandboxes: payments http://127.0.0.1:{port + 1}/effects · mail http://127.0.0.1:{port + 2}/effects\n"
+            f"  Logs:      {logs}/\n"
+            "  Ctrl-C stops everything.\n"
+        )

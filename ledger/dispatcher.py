@@ -1,0 +1,224 @@
+"""The dispatcher: DESIGN.md "Dispatch, in this order", steps 5–7.
+
+    re-read → re-validate → consume the approval, authorized → dispatched with a new fencing
+    token and attempt (COMMIT) → call the provider with the operation's key and a timeout
+    (no transaction open) → record the outcome guarded by (status = dispatched, token = mine).
+
+Every early return is a no-op the broker may cause (duplicate or late delivery): the ledger,
+not the message, decides whether there is anything to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import services as approval_services
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
+from console.access import reviewer_max_tier
+from console.lib.locks import lock_name
+from console.tracing import tracer
+from ledger import services
+from ledger.adapters import get_adapter
+from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, unknown
+from ledger.models import Attempt, Fact, Operation, OperationStatus
+from ledger.retry import backoff_delay, circuit_open_until, retry_budget_left
+from runs.models import TASK_TERMINAL
+
+logger = logging.getLogger(__name__)
+S = OperationStatus
+ACTOR = "system:dispatcher"
+
+
+@dataclass(frozen=True)
+class Deferred:
+    reason: str
+    seconds: float
+
+
+def run_dispatch(operation_id: str, *, worker: str) -> str:
+    """Execute one authorized (or retry-safe) operation. Returns what happened, for logs."""
+    with tracer.start_as_current_span("dispatch", attributes={"countersign.operation_id": operation_id}) as span:
+        claimed = _claim(operation_id, worker=worker)
+        if isinstance(claimed, str):
+            span.set_attribute("countersign.dispatch.result", claimed)
+            return claimed
+        if isinstance(claimed, Deferred):
+            _enqueue_later(operation_id, claimed.seconds)
+            span.set_attribute("countersign.dispatch.result", f"deferred:{claimed.reason}")
+            return f"deferred:{claimed.reason}"
+        operation, attempt = claimed
+        span.set_attributes({"countersign.task_id": operation.task_id, "gen_ai.tool.call.id": operation.call_id,
+                             "countersign.attempt": attempt.number})
+        outcome, latency_ms = _call_provider(operation, attempt)
+        return _record(operation, attempt, outcome, latency_ms)
+
+
+def _enqueue_later(operation_id: str, seconds: float) -> None:
+    from ledger.tasks import enqueue_dispatch
+
+    operation = Operation.objects.select_related("tool").get(pk=operation_id)
+    enqueue_dispatch(operation_id, queue=operation.tool.queue, countdown=max(0.05, seconds))
+
+
+def _claim(operation_id: str, *, worker: str):
+    """Steps 5: re-validate and commit `dispatched`. Returns (operation, attempt), a Deferred,
+    or a string naming why there is nothing to do."""
+    now = timezone.now()
+    with transaction.atomic():
+        operation = Operation.objects.select_for_update().select_related("tool", "task").filter(pk=operation_id).first()
+        if operation is None:
+            return "missing"
+        if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
+            return f"noop:{operation.status}"
+        tool = operation.tool
+        refusal = _revalidate(operation, now=now)
+        if refusal:
+            return refusal
+        if operation.status == S.RETRY_SAFE:
+            stop = _retry_exhausted(operation, tool, now=now)
+            if stop:
+                services.operation_fail(operation_id=operation_id, actor=ACTOR, reason=stop,
+                                        evidence={"attempts": operation.attempt_count, "last_error": operation.last_error})
+                return f"failed:{stop}"
+            if operation.not_before and operation.not_before > now:
+                return Deferred("backoff", (operation.not_before - now).total_seconds())
+        reopen = circuit_open_until(tool, now=now)
+        if reopen:
+            return Deferred("circuit_open", (reopen - now).total_seconds())
+        # Mutual exclusion: two operations on one business object (one order's refunds) never
+        # run at once, and a tenant has a bounded number in flight.
+        lock_name(f"tenant:{operation.tenant_id}")
+        if operation.business_key:
+            lock_name(f"business:{tool.name}:{operation.business_key}")
+            busy = Operation.objects.filter(tool=tool, business_key=operation.business_key, status=S.DISPATCHED)
+            if busy.exclude(pk=operation_id).exists():
+                return Deferred("business_key_busy", 0.5)
+        in_flight = Operation.objects.filter(tenant_id=operation.tenant_id, status=S.DISPATCHED).count()
+        if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
+            return Deferred("tenant_limit", 0.5)
+        approval = _approved_request(operation)
+        if approval is not None:
+            approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
+        deadline = now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
+        return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline)
+
+
+def _approved_request(operation: Operation) -> ApprovalRequest | None:
+    return (
+        ApprovalRequest.objects.select_for_update()
+        .filter(operation=operation, status=ApprovalStatus.APPROVED)
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def _revalidate(operation: Operation, *, now) -> str | None:
+    """Step 5's re-checks. On failure the approval and the operation are closed (with events)
+    and a reason is returned."""
+    task = operation.task
+    if operation.status == S.AUTHORIZED:
+        if task.status in TASK_TERMINAL:
+            services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=f"task {task.status}")
+            return f"cancelled:task_{task.status}"
+        if operation.tool.schema_version != operation.tool_schema_version:
+            reason = "tool schema changed since the call was proposed"
+            approval = _approved_request(operation)
+            if approval:
+                approval_services.approval_invalidate(approval_id=approval.approval_id, actor=ACTOR, reason=reason)
+            else:
+                services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=reason)
+            return "cancelled:schema_changed"
+        approval = _approved_request(operation)
+        if approval is None:
+            return None
+        if approval.expires_at <= now:
+            approval_services.approval_expire(approval_id=approval.approval_id, actor=ACTOR,
+                                              reason="approval expired before dispatch")
+            return "expired:approval"
+        if task.version != approval.state_version:
+            approval_services.approval_invalidate(
+                approval_id=approval.approval_id, actor=ACTOR,
+                reason=f"task moved from version {approval.state_version} to {task.version}")
+            return "invalidated:task_version"
+        for decision in approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).select_related("reviewer"):
+            max_tier = reviewer_max_tier(decision.reviewer, approval.tenant_id)
+            if max_tier is None or max_tier < approval.risk_tier:
+                approval_services.approval_invalidate(
+                    approval_id=approval.approval_id, actor=ACTOR,
+                    reason=f"{decision.reviewer.get_username()} may no longer approve L{approval.risk_tier}")
+                return "invalidated:approver"
+    return None
+
+
+def _retry_exhausted(operation: Operation, tool: Tool, *, now) -> str | None:
+    if operation.attempt_count >= tool.max_attempts:
+        return f"max attempts ({tool.max_attempts}) reached"
+    if now - operation.created_at > timedelta(seconds=tool.total_deadline_seconds):
+        return f"total deadline ({tool.total_deadline_seconds}s) passed"
+    return None
+
+
+def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int]:
+    """Step 6, outside any transaction."""
+    tool = operation.tool
+    adapter = get_adapter(tool.adapter)
+    started = time.monotonic()
+    attributes = {
+        "countersign.operation_id": operation.operation_id, "countersign.task_id": operation.task_id,
+        "gen_ai.tool.name": tool.name, "gen_ai.tool.call.id": operation.call_id,
+        "countersign.attempt": attempt.number, "countersign.fencing_token": attempt.fencing_token,
+    }
+    with tracer.start_as_current_span("provider.call", attributes=attributes) as span:
+        outcome = None
+        if attempt.number > 1 and tool.idempotency == Tool.Idempotency.QUERY and adapter.can_query:
+            # The provider does not deduplicate: ask before sending again.
+            answer = adapter.query(key=operation.idempotency_key, timeout=tool.timeout_seconds)
+            if answer.state == FOUND:
+                outcome = known_success(receipt=answer.receipt or {}, code="query",
+                                        raw={"pre_send_query": answer.raw})
+            elif answer.state != ABSENT:
+                outcome = unknown("query_" + answer.state, transport="ok", code=answer.state,
+                                  raw={"pre_send_query": answer.raw})
+        if outcome is None:
+            outcome = adapter.execute(operation.arguments, key=operation.idempotency_key, timeout=tool.timeout_seconds)
+        span.set_attribute("countersign.fact", outcome.fact)
+    return outcome, int((time.monotonic() - started) * 1000)
+
+
+def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms: int) -> str:
+    """Step 7, then schedule what follows: a retry after backoff, or reconciliation."""
+    from ledger.tasks import enqueue_dispatch, enqueue_reconcile
+
+    tool = operation.tool
+    retry_at = None
+    terminal = False
+    if outcome.fact == Fact.NOT_SENT:
+        if outcome.error_class not in tool.retryable_errors:
+            terminal = True
+        elif attempt.number >= tool.max_attempts or not retry_budget_left(tool):
+            terminal = True
+        else:
+            delay = backoff_delay(tool, attempt.number, outcome.retry_after)
+            retry_at = timezone.now() + timedelta(seconds=delay)
+    updated, applied = services.operation_record_outcome(
+        operation_id=operation.operation_id, attempt_number=attempt.number, fencing_token=attempt.fencing_token,
+        fact=outcome.fact, receipt=outcome.receipt, result=outcome.result, error_class=outcome.error_class,
+        error_code=outcome.error_code, raw_response=outcome.as_evidence(), latency_ms=latency_ms,
+        terminal_failure=terminal, retry_at=retry_at,
+    )
+    if not applied:
+        logger.warning("stale result for %s attempt %s kept as evidence", operation.operation_id, attempt.number)
+        return "stale"
+    if updated.status == S.RETRY_SAFE and retry_at is not None:
+        enqueue_dispatch(operation.operation_id, queue=tool.queue,
+                         countdown=max(0.0, (retry_at - timezone.now()).total_seconds()))
+    elif updated.status == S.UNKNOWN:
+        enqueue_reconcile(operation.operation_id)
+    return updated.status

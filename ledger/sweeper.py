@@ -1,0 +1,74 @@
+"""The sweeper (Celery beat, DESIGN.md step 9). The ledger, not the broker, is the source of
+truth: Celery can duplicate and lose messages, so whatever should be moving is pushed again."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals import services as approval_services
+from approvals.models import ApprovalRequest, ApprovalStatus
+from console.lib.errors import Conflict
+from ledger import services
+from ledger.models import Operation, OperationStatus
+
+logger = logging.getLogger(__name__)
+S = OperationStatus
+BATCH = 200
+
+
+def run_sweep(now=None) -> dict[str, int]:
+    from ledger.tasks import enqueue_dispatch, enqueue_reconcile
+
+    now = now or timezone.now()
+    counts = {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0}
+
+    stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
+    waiting = (
+        Operation.objects.filter(status__in=[S.AUTHORIZED, S.RETRY_SAFE], updated_at__lt=stale)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .select_related("tool")[:BATCH]
+    )
+    for operation in waiting:
+        enqueue_dispatch(operation.operation_id, queue=operation.tool.queue)
+        counts["redispatched"] += 1
+
+    for operation_id in Operation.objects.filter(status=S.DISPATCHED, dispatch_deadline__lt=now).values_list(
+        "operation_id", flat=True
+    )[:BATCH]:
+        try:
+            services.operation_mark_unknown(
+                operation_id=operation_id, actor="system:sweeper",
+                reason="no outcome recorded before the dispatch deadline (worker lost?)",
+                evidence={"deadline_passed_at": now.isoformat()},
+            )
+            counts["unknown"] += 1
+        except Conflict:
+            pass  # the worker recorded its outcome at the same moment
+
+    due = Operation.objects.filter(status=S.UNKNOWN, next_reconcile_at__lte=now).values_list("operation_id", flat=True)
+    for operation_id in due[:BATCH]:
+        # Claim the slot so the next sweep does not enqueue the same reconcile again.
+        claimed = Operation.objects.filter(operation_id=operation_id, status=S.UNKNOWN, next_reconcile_at__lte=now).update(
+            next_reconcile_at=now + timedelta(seconds=max(5.0, settings.SWEEP_SECONDS * 3))
+        )
+        if claimed:
+            enqueue_reconcile(operation_id)
+            counts["reconcile"] += 1
+
+    overdue = ApprovalRequest.objects.filter(
+        status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED], expires_at__lt=now
+    ).values_list("approval_id", flat=True)
+    for approval_id in overdue[:BATCH]:
+        try:
+            approval_services.approval_expire(approval_id=approval_id)
+            counts["expired"] += 1
+        except Conflict:
+            pass
+    if any(counts.values()):
+        logger.info("sweep: %s", counts)
+    return counts
