@@ -1,23 +1,33 @@
 from __future__ import annotations
 
+from django.urls import NoReverseMatch, reverse
+
 from console.access import roles_of
 from console.models import Role
 
+# (key, label, URL name, roles that see it; empty: anyone with a role)
+NAVIGATION = [
+    ("approvals", "Approvals", "approvals:inbox", {Role.REVIEWER, Role.ADMIN}),
+    ("unknown", "Unknown outcomes", "operations:unknown", {Role.SUPPORT, Role.REVIEWER, Role.ADMIN}),
+    ("runs", "Runs", "runs:list", set()),
+    ("dashboard", "Dashboard", "dashboard", set()),
+]
+
 
 def navigation(request) -> dict:
-    """The navigation shown by role: reviewers see Approvals, support sees Unknown outcomes."""
+    """The navigation shown by role; pages not installed yet are left out."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"nav_items": []}
     roles = roles_of(user)
     items = []
-    if roles & {Role.REVIEWER, Role.ADMIN}:
-        items.append(("approvals", "Approvals", "/approvals/"))
-    if roles & {Role.SUPPORT, Role.REVIEWER, Role.ADMIN}:
-        items.append(("unknown", "Unknown outcomes", "/operations/unknown/"))
-    if roles:
-        items.append(("runs", "Runs", "/runs/"))
-        items.append(("dashboard", "Dashboard", "/dashboard/"))
+    for key, label, url_name, allowed in NAVIGATION:
+        if not roles or (allowed and not roles & allowed):
+            continue
+        try:
+            items.append((key, label, reverse(url_name)))
+        except NoReverseMatch:
+            continue
     if user.is_staff:
-        items.append(("admin", "Admin", "/admin/"))
+        items.append(("admin", "Admin", reverse("admin:index")))
     return {"nav_items": items, "user_roles": sorted(roles)}

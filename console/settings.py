@@ -7,6 +7,7 @@ refuses an insecure secret key and DEBUG.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -27,6 +28,7 @@ VAR_DIR = Path(env_str("COUNTERSIGN_VAR_DIR", str(BASE_DIR / "var")))
 
 COUNTERSIGN_ENV = env_choice("COUNTERSIGN_ENV", "embedded", ("embedded", "production"))
 EMBEDDED = COUNTERSIGN_ENV == "embedded"
+VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 _INSECURE_KEY = "insecure-embedded-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", _INSECURE_KEY)
@@ -109,9 +111,9 @@ if IS_SQLITE:
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    # A file, not :memory:, so that the server, worker and provider processes started by the
-    # end-to-end tests see the same test database.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-countersign.sqlite3")}
+    # A file, not :memory:, so that the server and worker processes started by the end-to-end
+    # tests see the same test database; one per test run, so parallel runs do not collide.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-countersign-{os.getpid()}.sqlite3")}
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_countersign")}
@@ -133,7 +135,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing root
 STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True  # embedded mode serves straight from static/ without collectstatic
 

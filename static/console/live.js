@@ -7,7 +7,10 @@
   }
   function indicator(state) {
     var el = document.getElementById("live-indicator");
-    if (el) { el.dataset.state = state; el.textContent = state === "connected" ? "live" : "offline"; }
+    if (!el) return;
+    el.dataset.state = state;
+    var text = el.querySelector(".live__text");
+    if (text) text.textContent = state === "connected" ? "live" : state;
   }
   document.addEventListener("htmx:wsOpen", function (evt) {
     evt.detail.socketWrapper.send(JSON.stringify({ last_event_id: cursor() }));
@@ -15,4 +18,7 @@
   });
   document.addEventListener("htmx:wsClose", function () { indicator("disconnected"); });
   document.addEventListener("htmx:wsError", function () { indicator("disconnected"); });
+  document.addEventListener("DOMContentLoaded", function () {
+    if (!document.querySelector("[ws-connect]")) indicator("idle");
+  });
 })();

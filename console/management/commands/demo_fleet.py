@@ -1,0 +1,152 @@
+"""The demo agent fleet: a process that uses the agent API like any agent would (HTTP, bearer
+token), so a newcomer sees every path — auto-dispatched calls, one and two approvals,
+injected faults that end unknown and get reconciled or handed to support."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+TERMINAL_CALL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
+
+# (weight, scenario). Amounts pick the tier: ≤ 50 → L1, ≤ 200 → L3, > 200 → L4.
+SCENARIOS = [
+    (5, "refund_small"),
+    (3, "refund_reviewed"),
+    (1, "refund_two_approvals"),
+    (3, "contract_email"),
+    (1, "refund_fault_timeout"),
+    (1, "refund_fault_429"),
+    (1, "refund_fault_5xx_after_commit"),
+    (1, "email_fault_lost_reply"),
+]
+RARE = [(1, "refund_fault_opaque")]
+
+
+class FleetAgent:
+    def __init__(self, client: httpx.Client, name: str, log) -> None:
+        self.client = client
+        self.name = name
+        self.log = log
+
+    def post(self, path: str, payload: dict) -> dict:
+        response = self.client.post(path, json=payload)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
+        return response.json()
+
+    def run(self, scenario: str) -> str:
+        tag = uuid.uuid4().hex[:8]
+        order = f"ord-{tag}"
+        amount = 30
+        recipient = f"customer-{tag}@example.com"
+        if scenario == "refund_reviewed":
+            amount = random.choice([75, 120, 180])
+        elif scenario == "refund_two_approvals":
+            amount = random.choice([250, 400])
+        elif scenario.startswith("refund_fault_"):
+            fault = scenario.removeprefix("refund_").replace("_", "-")
+            order = f"{fault}-{tag}"
+            amount = 25
+        elif scenario == "email_fault_lost_reply":
+            recipient = f"fault-lost-reply-{tag}@example.com"
+        is_mail = "email" in scenario
+        task = self.post("/api/v1/tasks", {
+            "task_type": "contract_email" if is_mail else "refund",
+            "goal": f"Send the signed contract to {recipient}" if is_mail else f"Refund {amount} EUR on {order}",
+            "inputs": {"order_id": order, "amount": amount, "recipient": recipient},
+            "success_criteria": [{"kind": "mail_delivered", "to": [recipient]}] if is_mail
+            else [{"kind": "refund_confirmed", "order_id": order, "amount": amount}],
+            "constraints": {"max_tool_calls": 5, "max_amount": 500},
+            "versions": {"workflow": "demo-1", "model": "demo-model", "prompt": "v1"},
+        })
+        task_id = task["task_id"]
+        lease = self.post(f"/api/v1/tasks/{task_id}/lease", {"owner": self.name, "ttl_seconds": 300})
+        token = lease["fencing_token"]
+        version = task["version"]
+        for to in ("planning", "running"):
+            version = self.post(f"/api/v1/tasks/{task_id}/transition",
+                                {"to": to, "expected_version": version, "fencing_token": token})["version"]
+        if not is_mail:
+            lookup = self.post(f"/api/v1/tasks/{task_id}/calls", {
+                "call_id": f"call-lookup-{tag}", "step_id": "lookup", "tool": "orders.lookup",
+                "arguments": {"order_id": order}, "expected_version": version, "fencing_token": token})
+            self.wait(lookup["call_id"], task_id)
+            call = {"call_id": f"call-refund-{tag}", "step_id": "refund", "tool": "payments.refund",
+                    "arguments": {"order_id": order, "amount": amount, "currency": "EUR",
+                                  "reason": "Customer returned the goods"}}
+        else:
+            call = {"call_id": f"call-mail-{tag}", "step_id": "send-contract", "tool": "mail.send",
+                    "arguments": {"to": [recipient], "subject": "Your signed contract",
+                                  "body": "Hello,\n\nplease find your countersigned contract attached.\n\nAcme"}}
+        answer = self.post(f"/api/v1/tasks/{task_id}/calls", {**call, "expected_version": version,
+                                                                "fencing_token": token})
+        if answer.get("decision") == "refused":
+            return f"{scenario}: refused"
+        final = self.wait(answer["call_id"], task_id)
+        current = self.client.get(f"/api/v1/tasks/{task_id}").json()
+        version = current["version"]
+        if current["status"] == "waiting_approval":
+            version = self.post(f"/api/v1/tasks/{task_id}/transition",
+                                {"to": "running", "expected_version": version, "fencing_token": token})["version"]
+        if final == "confirmed":
+            self.post(f"/api/v1/tasks/{task_id}/transition", {
+                "to": "verifying", "expected_version": version, "fencing_token": token,
+                "evidence": {"operation_id": answer["operation_id"]}})
+        elif final in {"failed", "rejected", "expired", "cancelled"}:
+            self.post(f"/api/v1/tasks/{task_id}/transition",
+                      {"to": "failed", "expected_version": version, "fencing_token": token,
+                       "evidence": {"operation_id": answer["operation_id"], "status": final}})
+        return f"{scenario}: {final}"
+
+    def wait(self, call_id: str, task_id: str, *, budget: float = 600) -> str:
+        deadline = time.monotonic() + budget
+        status = ""
+        while time.monotonic() < deadline:
+            response = self.client.get(f"/api/v1/calls/{call_id}", params={"wait": 20, "task_id": task_id},
+                                       timeout=30)
+            status = response.json().get("status", "")
+            if status in TERMINAL_CALL:
+                return status
+        return status or "timeout"
+
+
+class Command(BaseCommand):
+    help = "Run demo agents against the agent API at a gentle rate."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--url", default=f"http://127.0.0.1:{settings.PORT}")
+        parser.add_argument("--token", default=settings.DEMO_AGENT_TOKEN)
+        parser.add_argument("--interval", type=float, default=4.0, help="Seconds between new tasks.")
+        parser.add_argument("--agents", type=int, default=6, help="Tasks in flight at most.")
+        parser.add_argument("--count", type=int, default=0, help="Stop after this many tasks (0: run forever).")
+
+    def handle(self, *args, url: str, token: str, interval: float, agents: int, count: int, **options):
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        slots = threading.BoundedSemaphore(agents)
+        started = 0
+
+        def one(n: int, scenario: str) -> None:
+            try:
+                result = FleetAgent(client, f"fleet-{n}", self.stdout.write).run(scenario)
+                self.stdout.write(f"[fleet] task {n} {result}")
+            except Exception as exc:  # keep the fleet going; the error is printed, not swallowed
+                self.stderr.write(f"[fleet] task {n} {scenario} stopped: {exc}")
+            finally:
+                slots.release()
+
+        weighted = [s for w, s in SCENARIOS for _ in range(w)]
+        with ThreadPoolExecutor(max_workers=agents) as pool:
+            while not count or started < count:
+                slots.acquire()
+                started += 1
+                scenario = random.choice(RARE)[1] if random.random() < 0.03 else random.choice(weighted)
+                pool.submit(one, started, scenario)
+                time.sleep(interval * random.uniform(0.5, 1.5))
