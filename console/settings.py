@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
     "console",
@@ -153,8 +154,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+    for _folder in ("queue", "processed", "control"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 else:
     # Redis redelivers an unacked message after this many seconds, even to a second worker
     # while the first still runs it (celery#2599): the ledger, not the broker, decides.
@@ -214,6 +218,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Task contracts, leases, tool calls, operations and traces for AI agents.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The machines have no internet: the docs page's JavaScript is served from our static files.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Sandbox providers and demo -------------------------------------------------------------

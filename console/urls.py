@@ -6,15 +6,18 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 
 from console import views
+from runs.otlp import otlp_traces
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("dashboard/", views.dashboard, name="dashboard"),
+    path("approvals/", include("approvals.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("console.api_urls")),
+    path("v1/traces", otlp_traces, name="otlp-traces"),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -103,3 +103,55 @@ class Lease(models.Model):
 
     def is_live(self, now=None) -> bool:
         return self.expires_at > (now or timezone.now())
+
+
+class Span(models.Model):
+    """One OpenTelemetry span, from an agent's exporter (OTLP) or the console's own tracer.
+
+    Linked to Countersign's records through the attributes `countersign.task_id`,
+    `countersign.step_id`, `countersign.operation_id` and `gen_ai.tool.call.id` (on the span or
+    its resource). Re-sent batches are idempotent: (tenant, trace, span) is unique.
+    """
+
+    class StatusCode(models.TextChoices):
+        UNSET = "unset"
+        OK = "ok"
+        ERROR = "error"
+
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="spans")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True)
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16, blank=True)
+    service_name = models.CharField(max_length=255, blank=True)
+    start_time = models.DateTimeField()
+    end_time = models.DateTimeField()
+    duration_ms = models.FloatField()
+    status_code = models.CharField(max_length=8, choices=StatusCode.choices, default=StatusCode.UNSET)
+    status_message = models.TextField(blank=True)
+    attributes = models.JSONField(default=dict, blank=True)
+    resource = models.JSONField(default=dict, blank=True)
+    events = models.JSONField(default=list, blank=True)
+    task = models.ForeignKey(Task, on_delete=models.SET_NULL, null=True, blank=True, related_name="spans")
+    step_id = models.CharField(max_length=128, blank=True)
+    operation_id = models.CharField(max_length=64, blank=True, db_index=True)
+    call_id = models.CharField(max_length=128, blank=True)
+    gen_ai_operation = models.CharField(max_length=64, blank=True)
+    gen_ai_model = models.CharField(max_length=128, blank=True)
+    gen_ai_tool = models.CharField(max_length=128, blank=True)
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    ingested_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "trace_id", "span_id"], name="span_unique_per_trace"),
+        ]
+        indexes = [
+            models.Index(fields=["task", "start_time"], name="span_task_idx"),
+            models.Index(fields=["tenant", "trace_id"], name="span_trace_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.trace_id[:8]}/{self.span_id})"

@@ -166,3 +166,84 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Le
             reason=f"lease {action}", evidence={"generation": lease.generation, "expires_at": expires_at.isoformat()},
         )
     return lease
+
+
+def task_wait_for_approval(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:
+    """running → waiting_approval (compare-and-set on version, version + 1). Already waiting:
+    a no-op, the version stays. Called by the proposal pipeline with the task row locked."""
+    if task.status == TaskStatus.WAITING_APPROVAL:
+        return task
+    transition(
+        task, to=TaskStatus.WAITING_APPROVAL, actor=actor, reason=reason, evidence=evidence,
+        guard={"version": task.version}, changes={"version": F("version") + 1},
+    )
+    return task
+
+
+def task_pause(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:
+    """→ paused (a budget ran out), compare-and-set on version, version + 1. Already paused: no-op."""
+    transition(
+        task, to=TaskStatus.PAUSED, actor=actor, reason=reason, evidence=evidence,
+        guard={"version": task.version}, changes={"version": F("version") + 1},
+    )
+    return task
+
+
+def _link(span, key: str) -> str:
+    value = span.attributes.get(key)
+    if value is None:
+        value = span.resource.get(key)
+    return str(value) if value is not None else ""
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
+    """Store parsed OTLP spans for the principal's tenant, linked to tasks (of that tenant only)
+    and operations by their attributes. Re-sent spans are ignored. Returns the count stored."""
+    from ledger.models import Call
+    from runs.models import Span
+    from runs.otlp import ns_to_datetime
+
+    if not spans:
+        return 0
+    task_ids = {_link(s, "countersign.task_id") for s in spans} - {""}
+    known_tasks = set(Task.objects.filter(tenant_id=principal.tenant_id, task_id__in=task_ids)
+                      .values_list("task_id", flat=True))
+    call_keys = {(_link(s, "countersign.task_id"), _link(s, "gen_ai.tool.call.id")) for s in spans}
+    call_ops = {
+        (task_id, call_id): op_id
+        for task_id, call_id, op_id in Call.objects.filter(
+            task_id__in=known_tasks, call_id__in={c for _, c in call_keys} - {""}
+        ).values_list("task_id", "call_id", "operation_id")
+    }
+    rows = []
+    for s in spans:
+        task_id = _link(s, "countersign.task_id")
+        task_id = task_id if task_id in known_tasks else None
+        call_id = _link(s, "gen_ai.tool.call.id")
+        attrs = s.attributes
+        rows.append(Span(
+            tenant_id=principal.tenant_id, trace_id=s.trace_id, span_id=s.span_id,
+            parent_span_id=s.parent_span_id, name=s.name[:255], kind=s.kind,
+            service_name=str(s.resource.get("service.name", ""))[:255],
+            start_time=ns_to_datetime(s.start_ns), end_time=ns_to_datetime(s.end_ns),
+            duration_ms=(s.end_ns - s.start_ns) / 1e6, status_code=s.status_code, status_message=s.status_message,
+            attributes=attrs, resource=s.resource, events=s.events, task_id=task_id,
+            step_id=_link(s, "countersign.step_id")[:128],
+            operation_id=(_link(s, "countersign.operation_id") or call_ops.get((task_id, call_id), ""))[:64],
+            call_id=call_id[:128],
+            gen_ai_operation=str(attrs.get("gen_ai.operation.name", ""))[:64],
+            gen_ai_model=str(attrs.get("gen_ai.request.model", attrs.get("gen_ai.response.model", "")))[:128],
+            gen_ai_tool=str(attrs.get("gen_ai.tool.name", ""))[:128],
+            input_tokens=_int_or_none(attrs.get("gen_ai.usage.input_tokens")),
+            output_tokens=_int_or_none(attrs.get("gen_ai.usage.output_tokens")),
+        ))
+    with transaction.atomic():
+        Span.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)
+    return len(rows)

@@ -1,0 +1,246 @@
+"""OTLP/HTTP trace ingest (`POST /v1/traces`): protobuf or JSON, optionally gzip, authenticated
+by an agent's bearer token. Spans are committed before the answer, so "accepted" means
+"queryable" (unlike receivers that answer at once and write later)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+
+from console.api_auth import principal_for_authorization
+from console.lib.errors import InvalidInput
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+PROTOBUF = "application/x-protobuf"
+KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+STATUS = {0: "unset", 1: "ok", 2: "error"}
+
+
+@dataclass
+class ParsedSpan:
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    status_code: str
+    status_message: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ParseResult:
+    spans: list[ParsedSpan]
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _valid_id(value: str, length: int) -> bool:
+    return len(value) == length and all(c in "0123456789abcdef" for c in value) and set(value) != {"0"}
+
+
+# --- protobuf ---------------------------------------------------------------------------------
+
+def _pb_value(value: common_pb2.AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_pb_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, kind)
+
+
+def _pb_attributes(attributes) -> dict[str, Any]:
+    return {kv.key: _pb_value(kv.value) for kv in attributes}
+
+
+def parse_protobuf(body: bytes) -> ParseResult:
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except DecodeError as exc:
+        raise InvalidInput(f"Not an OTLP ExportTraceServiceRequest: {exc}") from exc
+    result = ParseResult(spans=[])
+    for resource_spans in request.resource_spans:
+        resource = _pb_attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                _append(result, ParsedSpan(
+                    trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+                    parent_span_id=span.parent_span_id.hex(), name=span.name, kind=KINDS.get(span.kind, ""),
+                    start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+                    status_code=STATUS.get(span.status.code, "unset"), status_message=span.status.message,
+                    attributes=_pb_attributes(span.attributes), resource=resource,
+                    events=[{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _pb_attributes(e.attributes)}
+                            for e in span.events],
+                ))
+    return result
+
+
+# --- JSON (OTLP/JSON: lowerCamelCase, ids in hex, 64-bit integers as strings) ----------------
+
+def _json_value(value: dict[str, Any]) -> Any:
+    if not isinstance(value, dict) or not value:
+        return None
+    key, raw = next(iter(value.items()))
+    if key == "intValue":
+        return int(raw)
+    if key == "doubleValue":
+        return float(raw)
+    if key == "arrayValue":
+        return [_json_value(v) for v in (raw or {}).get("values", [])]
+    if key == "kvlistValue":
+        return _json_attributes((raw or {}).get("values", []))
+    return raw
+
+
+def _json_attributes(attributes: Any) -> dict[str, Any]:
+    if not isinstance(attributes, list):
+        return {}
+    return {kv["key"]: _json_value(kv.get("value", {})) for kv in attributes if isinstance(kv, dict) and "key" in kv}
+
+
+def _json_kind(raw: Any) -> str:
+    if isinstance(raw, str) and raw.startswith("SPAN_KIND_"):
+        return raw.removeprefix("SPAN_KIND_").lower()
+    try:
+        return KINDS.get(int(raw or 0), "")
+    except (TypeError, ValueError):
+        return ""
+
+
+def _json_status(raw: Any) -> str:
+    if isinstance(raw, str) and raw.startswith("STATUS_CODE_"):
+        return raw.removeprefix("STATUS_CODE_").lower()
+    try:
+        return STATUS.get(int(raw or 0), "unset")
+    except (TypeError, ValueError):
+        return "unset"
+
+
+def parse_json(payload: Any) -> ParseResult:
+    if not isinstance(payload, dict) or not isinstance(payload.get("resourceSpans", []), list):
+        raise InvalidInput("Expected an OTLP/JSON object with resourceSpans.")
+    result = ParseResult(spans=[])
+    for resource_spans in payload.get("resourceSpans", []):
+        resource = _json_attributes((resource_spans.get("resource") or {}).get("attributes"))
+        for scope_spans in resource_spans.get("scopeSpans", []) or []:
+            for span in scope_spans.get("spans", []) or []:
+                try:
+                    status = span.get("status") or {}
+                    parsed = ParsedSpan(
+                        trace_id=str(span.get("traceId", "")).lower(), span_id=str(span.get("spanId", "")).lower(),
+                        parent_span_id=str(span.get("parentSpanId", "") or "").lower(), name=str(span.get("name", "")),
+                        kind=_json_kind(span.get("kind")), start_ns=int(span.get("startTimeUnixNano", 0)),
+                        end_ns=int(span.get("endTimeUnixNano", 0)), status_code=_json_status(status.get("code")),
+                        status_message=str(status.get("message", "")),
+                        attributes=_json_attributes(span.get("attributes")), resource=resource,
+                        events=[{"name": e.get("name", ""), "time_ns": int(e.get("timeUnixNano", 0)),
+                                 "attributes": _json_attributes(e.get("attributes"))}
+                                for e in span.get("events", []) or [] if isinstance(e, dict)],
+                    )
+                except (TypeError, ValueError, AttributeError) as exc:
+                    result.rejected += 1
+                    result.errors.append(f"span: {exc}")
+                    continue
+                _append(result, parsed)
+    return result
+
+
+def _append(result: ParseResult, span: ParsedSpan) -> None:
+    problem = None
+    if not _valid_id(span.trace_id, 32):
+        problem = "invalid traceId"
+    elif not _valid_id(span.span_id, 16):
+        problem = "invalid spanId"
+    elif span.parent_span_id and not _valid_id(span.parent_span_id, 16):
+        problem = "invalid parentSpanId"
+    elif span.start_ns <= 0 or span.end_ns < span.start_ns:
+        problem = "invalid start/end time"
+    if problem:
+        result.rejected += 1
+        result.errors.append(f"{span.name or 'span'}: {problem}")
+    else:
+        result.spans.append(span)
+
+
+def ns_to_datetime(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC)
+
+
+# --- the endpoint -----------------------------------------------------------------------------
+
+def _error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "details": {}}}, status=status)
+
+
+def _body(request: HttpRequest) -> bytes:
+    body = request.body
+    encoding = request.headers.get("Content-Encoding", "").lower()
+    if encoding == "gzip":
+        try:
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            body = decompressor.decompress(body, MAX_BODY_BYTES + 1)
+        except zlib.error as exc:
+            raise InvalidInput(f"Body is not valid gzip: {exc}") from exc
+    elif encoding not in ("", "identity"):
+        raise InvalidInput(f"Unsupported Content-Encoding {encoding!r}; use gzip or none.")
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidInput(f"Body larger than {MAX_BODY_BYTES} bytes.")
+    return body
+
+
+@csrf_exempt
+@require_POST
+def otlp_traces(request: HttpRequest) -> HttpResponse:
+    from runs.services import spans_ingest
+
+    principal = principal_for_authorization(request.headers.get("Authorization", ""))
+    if principal is None:
+        response = _error(401, "unauthenticated", "Use 'Authorization: Bearer <agent token>'.")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    content_type = request.content_type or ""
+    try:
+        body = _body(request)
+        if content_type == PROTOBUF:
+            parsed = parse_protobuf(body)
+        elif content_type == "application/json":
+            try:
+                parsed = parse_json(json.loads(body or b"{}"))
+            except ValueError as exc:
+                raise InvalidInput(f"Body is not JSON: {exc}") from exc
+        else:
+            return _error(415, "unsupported_media_type", "Send application/x-protobuf or application/json.")
+    except InvalidInput as exc:
+        return _error(400, exc.code, exc.message)
+    spans_ingest(principal=principal, spans=parsed.spans)
+    if content_type == PROTOBUF:
+        answer = trace_service_pb2.ExportTraceServiceResponse()
+        if parsed.rejected:
+            answer.partial_success.rejected_spans = parsed.rejected
+            answer.partial_success.error_message = "; ".join(parsed.errors[:10])
+        return HttpResponse(answer.SerializeToString(), content_type=PROTOBUF)
+    payload: dict[str, Any] = {}
+    if parsed.rejected:
+        payload["partialSuccess"] = {"rejectedSpans": parsed.rejected, "errorMessage": "; ".join(parsed.errors[:10])}
+    return JsonResponse(payload)
+
