@@ -12,6 +12,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("dashboard/", views.dashboard, name="dashboard"),
     path("approvals/", include("approvals.urls")),
+    path("runs/", include("runs.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
