@@ -26,7 +26,8 @@ from console.lib.locks import lock_name
 from console.tracing import tracer
 from ledger import services
 from ledger.adapters import get_adapter
-from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, unknown
+from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
+from ledger.chaos.seams import seam
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.retry import backoff_delay, circuit_open_until, retry_budget_left
 from runs.models import TASK_TERMINAL
@@ -56,7 +57,9 @@ def run_dispatch(operation_id: str, *, worker: str) -> str:
         operation, attempt = claimed
         span.set_attributes({"countersign.task_id": operation.task_id, "gen_ai.tool.call.id": operation.call_id,
                              "countersign.attempt": attempt.number})
+        seam("before_provider_call", operation_id)
         outcome, latency_ms = _call_provider(operation, attempt)
+        seam("after_provider_call", operation_id)
         return _record(operation, attempt, outcome, latency_ms)
 
 
@@ -97,7 +100,9 @@ def _claim(operation_id: str, *, worker: str):
         lock_name(f"tenant:{operation.tenant_id}")
         if operation.business_key:
             lock_name(f"business:{tool.name}:{operation.business_key}")
-            busy = Operation.objects.filter(tool=tool, business_key=operation.business_key, status=S.DISPATCHED)
+            # An operation in doubt (unknown) may still have happened: it blocks its business key too.
+            busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
+                                            status__in=[S.DISPATCHED, S.UNKNOWN])
             if busy.exclude(pk=operation_id).exists():
                 return Deferred("business_key_busy", 0.5)
         in_flight = Operation.objects.filter(tenant_id=operation.tenant_id, status=S.DISPATCHED).count()
@@ -107,6 +112,7 @@ def _claim(operation_id: str, *, worker: str):
         if approval is not None:
             approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
         deadline = now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
+        seam("before_dispatch_commit", operation_id)
         return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline)
 
 
@@ -176,6 +182,13 @@ def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int
         "countersign.attempt": attempt.number, "countersign.fencing_token": attempt.fencing_token,
     }
     with tracer.start_as_current_span("provider.call", attributes=attributes) as span:
+        # Client-side fencing: a worker that stalled after its claim (GC pause, SIGSTOP) may
+        # have been declared lost and replaced; it must not send once its token is stale.
+        if not Operation.objects.filter(pk=operation.pk, status=S.DISPATCHED,
+                                        fencing_token=attempt.fencing_token).exists():
+            span.set_attribute("countersign.fenced", True)
+            return not_sent("fenced", transport="none", code="stale_token",
+                            raw={"fencing_token": attempt.fencing_token}), 0
         outcome = None
         if attempt.number > 1 and tool.idempotency == Tool.Idempotency.QUERY and adapter.can_query:
             # The provider does not deduplicate: ask before sending again.

@@ -43,7 +43,16 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
     adapter = get_adapter(tool.adapter)
     attributes = {"countersign.operation_id": operation_id, "countersign.task_id": operation.task_id,
                   "gen_ai.tool.name": tool.name}
+    token = operation.fencing_token
     with tracer.start_as_current_span("reconcile", attributes=attributes) as span:
+        try:
+            if tool.kind == Tool.Kind.READ:
+                services.operation_mark_retry_safe(
+                    operation_id=operation_id, actor=ACTOR, fencing_token=token,
+                    reason="a read has no side effect; ask again", evidence={"read_only": True, "worker": worker})
+                return "retry_safe"
+        except Conflict:
+            return "raced"
         if tool.idempotency == Tool.Idempotency.NONE or not adapter.can_query:
             return _escalate(operation, "the provider cannot be asked about this key; no blind retry", {})
         answer = adapter.query(key=operation.idempotency_key, timeout=tool.timeout_seconds)
@@ -53,16 +62,21 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
         try:
             if answer.state == FOUND:
                 services.operation_confirm(operation_id=operation_id, receipt=answer.receipt or {}, actor=ACTOR,
-                                           reason="the provider has the effect", evidence=evidence)
+                                           reason="the provider has the effect", evidence=evidence,
+                                           fencing_token=token)
                 return "confirmed"
             last = operation.attempts.order_by("-number").first()
-            # The old request may still land until the provider's timeout has surely passed.
-            horizon = (last.started_at if last else operation.updated_at) + timedelta(
-                seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS / 2)
+            # The old request may still land until its client timeout has surely passed; the
+            # dispatch deadline (claim + timeout + grace) bounds it, and a worker that stalled
+            # past it finds its token fenced before it sends (dispatcher._call_provider).
+            started = last.started_at if last else operation.updated_at
+            horizon = max(operation.dispatch_deadline or started,
+                          started + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS / 2))
             if answer.state == ABSENT and now >= horizon:
                 evidence["old_request_stopped_by"] = horizon.isoformat()
                 services.operation_mark_retry_safe(operation_id=operation_id, actor=ACTOR, evidence=evidence,
-                                                   reason="the provider has no effect and the old request stopped")
+                                                   reason="the provider has no effect and the old request stopped",
+                                                   fencing_token=token)
                 return "retry_safe"
             if now - _unknown_since(operation) >= timedelta(seconds=settings.RECONCILE_WINDOW_SECONDS):
                 return _escalate(operation, f"provider could not tell within {settings.RECONCILE_WINDOW_SECONDS:.0f}s "
@@ -78,7 +92,7 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
 def _escalate(operation: Operation, reason: str, evidence: dict) -> str:
     try:
         services.operation_escalate_manual(operation_id=operation.operation_id, actor=ACTOR, reason=reason,
-                                           evidence=evidence)
+                                           evidence=evidence, fencing_token=operation.fencing_token)
     except Conflict:
         return "raced"
     return "manual"

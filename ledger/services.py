@@ -165,35 +165,42 @@ def operation_mark_unknown(*, operation_id: str, actor: str, reason: str, eviden
     return operation
 
 
+def _token_guard(fencing_token: int | None) -> dict[str, Any] | None:
+    # A decision based on what one attempt left behind must not land on a later attempt.
+    return None if fencing_token is None else {"fencing_token": fencing_token}
+
+
 def operation_confirm(*, operation_id: str, receipt: dict[str, Any], actor: str, reason: str,
-                      evidence: dict | None = None) -> Operation:
+                      evidence: dict | None = None, fencing_token: int | None = None) -> Operation:
     """unknown | manual → confirmed: a provider query or a person found the effect."""
     if not receipt:
         raise InvalidInput("Confirming needs a receipt.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         transition(operation, to=S.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
-                   changes={"receipt": receipt, "next_reconcile_at": None})
+                   guard=_token_guard(fencing_token), changes={"receipt": receipt, "next_reconcile_at": None})
     return operation
 
 
-def operation_mark_retry_safe(*, operation_id: str, actor: str, reason: str, evidence: dict[str, Any]) -> Operation:
+def operation_mark_retry_safe(*, operation_id: str, actor: str, reason: str, evidence: dict[str, Any],
+                              fencing_token: int | None = None) -> Operation:
     """unknown | manual → retry_safe: only with evidence of no effect and a stopped request."""
     if not evidence:
         raise InvalidInput("Declaring an operation safe to retry needs evidence.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         if transition(operation, to=S.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
-                      changes={"next_reconcile_at": None}):
+                      guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
             _enqueue_dispatch_on_commit(operation)
     return operation
 
 
-def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evidence: dict | None = None) -> Operation:
+def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evidence: dict | None = None,
+                              fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         transition(operation, to=S.MANUAL, actor=actor, reason=reason, evidence=evidence,
-                   changes={"next_reconcile_at": None})
+                   guard=_token_guard(fencing_token), changes={"next_reconcile_at": None})
     return operation
 
 

@@ -71,6 +71,10 @@ class MailAdapter:
                                         raw={"smtp_code": code, "smtp_message": reply.decode(errors="replace")})
                 sent_data = True
                 code, reply = smtp.data(message.as_bytes())
+                if not 200 <= code < 300:
+                    # smtplib raises only for the reply to the DATA command itself; the reply
+                    # after the final dot is returned, and a 451 there is not a delivery.
+                    raise smtplib.SMTPDataError(code, reply)
         except ConnectionRefusedError as exc:
             return not_sent("connect", transport="connect_error", code="ECONNREFUSED", raw={"error": str(exc)})
         except smtplib.SMTPDataError as exc:
