@@ -237,6 +237,9 @@ OTEL_ENABLED = env_bool("OTEL_ENABLED", False)
 OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "countersign")
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 
+# Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+
 # --- Logging --------------------------------------------------------------------------------
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 LOGGING = {
@@ -245,4 +248,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # One line per HTTP request of every client is noise, not information.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }

@@ -5,13 +5,14 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 
-from console import views
+from console import metrics_endpoint, views
 from runs.otlp import otlp_traces
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("dashboard/", views.dashboard, name="dashboard"),
     path("approvals/", include("approvals.urls")),
+    path("operations/", include("ledger.urls")),
     path("runs/", include("runs.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -20,5 +21,6 @@ urlpatterns = [
     path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("console.api_urls")),
     path("v1/traces", otlp_traces, name="otlp-traces"),
+    path("metrics", metrics_endpoint.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from console.access import tenant_ids_for
+from console.models import RiskTier
 from ledger.models import Event
+from runs import metrics
+from runs.models import Task
+
+WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -16,9 +24,27 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     tenant_ids = tenant_ids_for(request.user)
+    window = request.GET.get("window", "24h")
+    window = window if window in WINDOWS else "24h"
+    task_type = request.GET.get("type", "")
+    tier_raw = request.GET.get("tier", "")
+    tier = int(tier_raw) if tier_raw.isdigit() and int(tier_raw) in RiskTier.values else None
+    since = timezone.now() - WINDOWS[window]
+    indicators = metrics.compute(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier)
     events = Event.objects.filter(tenant_id__in=tenant_ids).order_by("-id")[:50]
-    last_event_id = events[0].id if events else 0
-    return render(request, "console/dashboard.html", {"events": events, "last_event_id": last_event_id})
+    context = {
+        "indicators": indicators,
+        "gates": metrics.gate_results(indicators, task_type=task_type),
+        "chart": metrics.series(tenant_ids=tenant_ids, since=since),
+        "events": events,
+        "last_event_id": events[0].id if events else 0,
+        "window": window, "windows": list(WINDOWS), "task_type": task_type, "tier": tier_raw,
+        "types": list(Task.objects.filter(tenant_id__in=tenant_ids).values_list("task_type", flat=True)
+                      .distinct().order_by("task_type")),
+        "tiers": RiskTier.choices,
+        "active_nav": "dashboard",
+    }
+    return render(request, "console/dashboard.html", context)
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from console.lib.admin import ReadOnlyAdmin
-from runs.models import Lease, Step, Task
+from runs.models import Lease, ReleaseGate, Step, Task
 
 
 @admin.register(Task)
@@ -21,3 +21,10 @@ class StepAdmin(ReadOnlyAdmin):
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
     list_display = ["task", "owner", "generation", "fencing_token", "expires_at"]
+
+
+@admin.register(ReleaseGate)
+class ReleaseGateAdmin(admin.ModelAdmin):
+    list_display = ["indicator", "comparison", "threshold", "task_type", "enabled", "description"]
+    list_filter = ["indicator", "enabled"]
+    list_editable = ["threshold", "enabled"]

@@ -155,3 +155,47 @@ class Span(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.trace_id[:8]}/{self.span_id})"
+
+
+class ReleaseGate(models.Model):
+    """A release-gate threshold on one reliability indicator (seed 003): the dashboard shows a
+    pass/fail badge for each enabled gate, per task type and tier where set."""
+
+    class Indicator(models.TextChoices):
+        SUCCESS_RATE = "terminal_success_rate", "Terminal success rate"
+        DUPLICATE_RATE = "duplicate_side_effect_rate", "Duplicate side-effect rate"
+        AUTO_RECOVERY_RATE = "automatic_recovery_rate", "Automatic recovery rate"
+        RECOVERY_P95 = "recovery_time_p95_seconds", "Recovery time p95 (s)"
+        HUMAN_RATE = "human_intervention_rate", "Human intervention rate"
+        UNRESOLVED_RATE = "unresolved_rate", "Unresolved (manual) rate"
+        RETRY_AMPLIFICATION = "retry_amplification", "Retry amplification"
+        LATENCY_AMPLIFICATION = "latency_amplification", "Latency amplification"
+
+    class Comparison(models.TextChoices):
+        GTE = "gte", "≥"
+        LTE = "lte", "≤"
+        LT = "lt", "<"
+        GT = "gt", ">"
+        EQ = "eq", "="
+
+    indicator = models.CharField(max_length=40, choices=Indicator.choices)
+    comparison = models.CharField(max_length=4, choices=Comparison.choices)
+    threshold = models.FloatField()
+    task_type = models.CharField(max_length=100, blank=True, help_text="Empty: all task types.")
+    enabled = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["indicator", "task_type"]
+
+    def __str__(self) -> str:
+        scope = f" [{self.task_type}]" if self.task_type else ""
+        return f"{self.get_indicator_display()} {self.get_comparison_display()} {self.threshold}{scope}"
+
+    def passes(self, value: float | None) -> bool | None:
+        if value is None:
+            return None
+        return {
+            "gte": value >= self.threshold, "lte": value <= self.threshold, "lt": value < self.threshold,
+            "gt": value > self.threshold, "eq": value == self.threshold,
+        }[self.comparison]

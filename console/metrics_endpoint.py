@@ -1,0 +1,51 @@
+"""Prometheus metrics for operators: gauges read from the ledger at scrape time."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from approvals.models import ApprovalRequest, ApprovalStatus
+from ledger.models import Event, Operation
+from runs.models import Task
+
+
+class LedgerCollector:
+    def collect(self):
+        operations = GaugeMetricFamily("countersign_operations", "Operations by status and tool",
+                                       labels=["status", "tool"])
+        for row in Operation.objects.values("status", "tool__name").annotate(n=Count("operation_id")):
+            operations.add_metric([row["status"], row["tool__name"]], row["n"])
+        yield operations
+        tasks = GaugeMetricFamily("countersign_tasks", "Tasks by status", labels=["status"])
+        for row in Task.objects.values("status").annotate(n=Count("task_id")):
+            tasks.add_metric([row["status"]], row["n"])
+        yield tasks
+        pending = GaugeMetricFamily("countersign_approvals_pending", "Pending approval requests by tier",
+                                    labels=["tier"])
+        for row in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).values("risk_tier").annotate(
+                n=Count("approval_id")):
+            pending.add_metric([f"L{row['risk_tier']}"], row["n"])
+        yield pending
+        last = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        yield GaugeMetricFamily("countersign_last_event_id", "Highest event id (grows with every change)",
+                                value=last)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Open on loopback; elsewhere only with `Authorization: Bearer $METRICS_TOKEN`."""
+    token = settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token:
+        if not hmac.compare_digest(header, f"Bearer {token}"):
+            return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
+    elif request.META.get("REMOTE_ADDR") not in ("127.0.0.1", "::1"):
+        return HttpResponse("set METRICS_TOKEN to scrape from elsewhere\n", status=403, content_type="text/plain")
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

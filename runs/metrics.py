@@ -1,0 +1,191 @@
+"""The reliability indicators of seed 000 §05, computed from the ledger, the event log and the
+traces — never from the agent's own word.
+
+Terminal success rate, duplicate side-effect rate, automatic recovery rate, recovery time, human
+intervention rate, retry / token / latency amplification, plus pass@k and pass^k over repeated
+trials of the same task (same type and inputs).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from math import comb
+
+from django.db.models import Count, Q, Sum
+
+from console.lib.canonical import sha256_hex
+from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
+from runs.models import ReleaseGate, Span, Task, TaskStatus
+
+S = OperationStatus
+RESOLVED = {S.CONFIRMED, S.RETRY_SAFE, S.FAILED, S.COMPENSATION_REQUIRED}
+TASK_DONE = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+@dataclass
+class Indicators:
+    window_start: datetime
+    tasks_terminal: int = 0
+    tasks_succeeded: int = 0
+    terminal_success_rate: float | None = None
+    operations: int = 0
+    confirmed: int = 0
+    duplicates: int = 0
+    duplicate_side_effect_rate: float | None = None
+    went_unknown: int = 0
+    auto_recovered: int = 0
+    resolved_by_person: int = 0
+    automatic_recovery_rate: float | None = None
+    unresolved: int = 0
+    unresolved_rate: float | None = None
+    recovery_time_median_seconds: float | None = None
+    recovery_time_p95_seconds: float | None = None
+    human_intervention_rate: float | None = None
+    retry_amplification: float | None = None
+    latency_amplification: float | None = None
+    tokens_per_success: float | None = None
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    pass_hat_k: dict[int, float] = field(default_factory=dict)
+    trial_groups: int = 0
+
+    def value(self, indicator: str) -> float | None:
+        return getattr(self, indicator, None)
+
+
+def _ratio(numerator: int | float, denominator: int | float) -> float | None:
+    return (numerator / denominator) if denominator else None
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k trials drawn from n (c successful) succeeds."""
+    return 1.0 - comb(n - c, k) / comb(n, k) if n - c >= k else 1.0
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """Probability that all k trials drawn from n (c successful) succeed."""
+    return comb(c, k) / comb(n, k)
+
+
+def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: int | None = None,
+            ks: tuple[int, ...] = (1, 3, 5)) -> Indicators:
+    result = Indicators(window_start=since)
+    tasks = Task.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since)
+    operations = Operation.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since)
+    if task_type:
+        tasks = tasks.filter(task_type=task_type)
+        operations = operations.filter(task__task_type=task_type)
+    if tier is not None:
+        operations = operations.filter(risk_tier=tier)
+
+    counts = tasks.aggregate(terminal=Count("task_id", filter=Q(status__in=TASK_DONE)),
+                             succeeded=Count("task_id", filter=Q(status=TaskStatus.SUCCEEDED)))
+    result.tasks_terminal, result.tasks_succeeded = counts["terminal"], counts["succeeded"]
+    result.terminal_success_rate = _ratio(result.tasks_succeeded, result.tasks_terminal)
+
+    op_counts = operations.aggregate(
+        total=Count("operation_id"), confirmed=Count("operation_id", filter=Q(status=S.CONFIRMED)),
+        unresolved=Count("operation_id", filter=Q(status=S.MANUAL)),
+    )
+    result.operations, result.confirmed = op_counts["total"], op_counts["confirmed"]
+    result.unresolved = op_counts["unresolved"]
+    result.unresolved_rate = _ratio(result.unresolved, result.operations)
+
+    attempts = Attempt.objects.filter(operation__in=operations)
+    # Two attempts that each report an effect for one operation: the ledger's view of a duplicate.
+    result.duplicates = (
+        attempts.filter(fact=Fact.KNOWN_SUCCESS).values("operation_id").annotate(n=Count("id"))
+        .filter(n__gt=1).count()
+    )
+    result.duplicate_side_effect_rate = _ratio(result.duplicates, result.confirmed)
+    per_op = attempts.aggregate(n=Count("id"), ops=Count("operation_id", distinct=True),
+                                total_latency=Sum("latency_ms"),
+                                first_latency=Sum("latency_ms", filter=Q(number=1)))
+    result.retry_amplification = _ratio(per_op["n"], per_op["ops"])
+    result.latency_amplification = _ratio(per_op["total_latency"] or 0, per_op["first_latency"] or 0)
+
+    _recovery(result, operations)
+    op_ids = operations.values("operation_id")
+    touched = set(operations.filter(approval_requests__isnull=False).values_list("operation_id", flat=True))
+    touched |= set(Event.objects.filter(entity="operation", entity_id__in=op_ids, actor__startswith="user:")
+                   .values_list("entity_id", flat=True))
+    result.human_intervention_rate = _ratio(len(touched), result.operations)
+    tokens = Span.objects.filter(task__in=tasks).aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
+    result.tokens_per_success = _ratio((tokens["i"] or 0) + (tokens["o"] or 0), result.tasks_succeeded)
+    _trials(result, tasks, ks)
+    return result
+
+
+def _recovery(result: Indicators, operations) -> None:
+    events = (
+        Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"))
+        .filter(Q(to_status=S.UNKNOWN) | Q(from_status__in=[S.UNKNOWN, S.MANUAL]))
+        .order_by("id").values_list("entity_id", "to_status", "actor", "created_at")
+    )
+    entered: dict[str, datetime] = {}
+    durations: list[float] = []
+    for op_id, to_status, actor, at in events:
+        if to_status == S.UNKNOWN:
+            entered.setdefault(op_id, at)
+            continue
+        if to_status in RESOLVED and op_id in entered:
+            durations.append((at - entered.pop(op_id)).total_seconds())
+            if actor.startswith("system:"):
+                result.auto_recovered += 1
+            else:
+                result.resolved_by_person += 1
+    result.went_unknown = result.auto_recovered + result.resolved_by_person + len(entered)
+    result.automatic_recovery_rate = _ratio(result.auto_recovered, result.went_unknown)
+    result.recovery_time_median_seconds = statistics.median(durations) if durations else None
+    result.recovery_time_p95_seconds = _percentile(durations, 0.95)
+
+
+def _trials(result: Indicators, tasks, ks: tuple[int, ...]) -> None:
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for task_type, inputs, status in tasks.filter(status__in=TASK_DONE).values_list("task_type", "inputs", "status"):
+        groups[sha256_hex({"type": task_type, "inputs": inputs})].append(status == TaskStatus.SUCCEEDED)
+    repeated = [g for g in groups.values() if len(g) > 1]
+    result.trial_groups = len(repeated)
+    for k in ks:
+        eligible = [(len(g), sum(g)) for g in repeated if len(g) >= k]
+        if eligible:
+            result.pass_at_k[k] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
+            result.pass_hat_k[k] = sum(pass_hat_k(n, c, k) for n, c in eligible) / len(eligible)
+
+
+def gate_results(indicators: Indicators, *, task_type: str = "") -> list[tuple[ReleaseGate, float | None, bool | None]]:
+    gates = ReleaseGate.objects.filter(enabled=True).filter(Q(task_type="") | Q(task_type=task_type))
+    return [(gate, indicators.value(gate.indicator), gate.passes(indicators.value(gate.indicator))) for gate in gates]
+
+
+def series(*, tenant_ids: set[int], since: datetime, buckets: int = 24) -> dict[str, list]:
+    """Per time bucket: operations created, confirmed, went unknown; for the dashboard charts."""
+    now = datetime.now(tz=since.tzinfo)
+    width = max((now - since) / buckets, timedelta(seconds=1))
+    created = [0] * buckets
+    confirmed = [0] * buckets
+    unknown = [0] * buckets
+
+    def bucket(at: datetime) -> int:
+        return min(buckets - 1, max(0, int((at - since) / width)))
+
+    for at in Operation.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).values_list(
+            "created_at", flat=True):
+        created[bucket(at)] += 1
+    rows = Event.objects.filter(tenant_id__in=tenant_ids, entity="operation", created_at__gte=since,
+                                to_status__in=[S.CONFIRMED, S.UNKNOWN]).values_list("to_status", "created_at")
+    for to_status, at in rows:
+        (confirmed if to_status == S.CONFIRMED else unknown)[bucket(at)] += 1
+    xs = [int((since + width * i).timestamp()) for i in range(buckets)]
+    return {"x": xs, "created": created, "confirmed": confirmed, "unknown": unknown}
+
