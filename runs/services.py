@@ -100,9 +100,9 @@ def task_transition(
 
 def task_cancel(*, task_id: str, actor: str, reason: str) -> Task:
     with transaction.atomic():
-        task = Task.objects.select_for_update().get(task_id=task_id)
-        if task.status in TASK_TERMINAL and task.status != TaskStatus.CANCELLED:
-            raise Conflict(f"Task {task_id} is already {task.status}.")
+        task = Task.objects.select_for_update().filter(task_id=task_id).first()
+        if task is None:
+            raise NotFound(f"No task {task_id}.")
         transition(
             task, to=TaskStatus.CANCELLED, actor=actor, reason=reason,
             guard={"version": task.version}, changes={"version": F("version") + 1},

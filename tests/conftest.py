@@ -91,3 +91,21 @@ def _in_process_broker():
 
     app.conf.broker_url = "memory://"
     app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def fast_password_hasher(settings):
+    """Opt-in (`pytestmark = pytest.mark.usefixtures("fast_password_hasher")`): users created by
+    the fixtures above cost a PBKDF2 hash each; in-process tests do not need that strength.
+    Not autouse: tests that hand users to another process must keep the real hashers."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup, django_db_blocker):
+    """uvicorn serving console.asgi (HTTP and websockets) against the test database."""
+    from tests.asgi import AsgiServer
+
+    server = AsgiServer().start()
+    yield server
+    server.stop()
