@@ -25,7 +25,7 @@ def run_sweep(now=None) -> dict[str, int]:
     from ledger.tasks import enqueue_dispatch, enqueue_reconcile
 
     now = now or timezone.now()
-    counts = {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0}
+    counts = {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0, "verify": 0}
 
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
     waiting = (
@@ -69,6 +69,14 @@ def run_sweep(now=None) -> dict[str, int]:
             counts["expired"] += 1
         except Conflict:
             pass
+    from runs.models import Task, TaskStatus
+    from runs.tasks import enqueue_verification
+
+    for task_id in Task.objects.filter(status=TaskStatus.VERIFYING, updated_at__lt=stale).values_list(
+            "task_id", flat=True)[:BATCH]:
+        enqueue_verification(task_id)  # the verification message was lost (or is still queued)
+        counts["verify"] += 1
+
     if any(counts.values()):
         logger.info("sweep: %s", counts)
     return counts

@@ -95,6 +95,10 @@ def task_transition(
             task, to=to, actor=actor, reason=reason, evidence=evidence,
             guard={"version": expected_version}, changes={"version": F("version") + 1},
         )
+        if to == TaskStatus.VERIFYING:
+            from runs.tasks import enqueue_verification
+
+            transaction.on_commit(lambda: enqueue_verification(task_id))
     return task
 
 
@@ -113,6 +117,17 @@ def task_cancel(*, task_id: str, actor: str, reason: str) -> Task:
 def step_get_or_create(*, task: Task, step_id: str) -> Step:
     step, _ = Step.objects.get_or_create(task=task, step_id=step_id)
     return step
+
+
+def _doubt_in_flight_operations(task: Task, *, reason: str) -> None:
+    """Seed 000 §04: before the new holder acts, the previous holder's in-flight attempts are
+    `unknown` and reconciled — never assumed failed, never sent again blindly."""
+    from ledger.models import Operation, OperationStatus
+    from ledger.services import operation_mark_unknown
+
+    for operation_id in Operation.objects.filter(task=task, status=OperationStatus.DISPATCHED).values_list(
+            "operation_id", flat=True):
+        operation_mark_unknown(operation_id=operation_id, actor="system:lease", reason=reason)
 
 
 def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Lease:
@@ -160,6 +175,7 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Le
                 raise Conflict("Another worker took the lease at the same moment.")
             lease.refresh_from_db()
             action = "taken over"
+            _doubt_in_flight_operations(task, reason=f"lease taken over by {owner} (token {lease.fencing_token})")
         record_event(
             entity="lease", entity_id=task_id, tenant_id=task.tenant_id,
             from_status="", to_status=f"token:{lease.fencing_token}", actor=f"worker:{owner}",
@@ -247,3 +263,21 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
     with transaction.atomic():
         Span.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)
     return len(rows)
+
+
+def task_record_verification(*, task_id: str, expected_version: int, result: str,
+                             evidence: dict[str, Any]) -> Task:
+    """The verifier's verdict on a `verifying` task: met → succeeded; contradicted → failed;
+    not yet → back to running (the agent may continue). Compare-and-set on the version the
+    verifier read, so a task that moved meanwhile is not judged on stale evidence."""
+    to = {"met": TaskStatus.SUCCEEDED, "failed": TaskStatus.FAILED, "pending": TaskStatus.RUNNING}[result]
+    with transaction.atomic():
+        task = Task.objects.filter(task_id=task_id).first()
+        if task is None:
+            raise NotFound(f"No task {task_id}.")
+        if task.status != TaskStatus.VERIFYING or task.version != expected_version:
+            raise Conflict("The task moved while it was being verified.",
+                           details={"status": task.status, "version": task.version})
+        transition(task, to=to, actor="system:verifier", reason=f"verification {result}", evidence=evidence,
+                   guard={"version": expected_version}, changes={"version": F("version") + 1})
+    return task
