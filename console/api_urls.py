@@ -1,5 +1,19 @@
-"""The agent API (/api/v1/): each app contributes its endpoints."""
+"""The agent API (/api/v1/): each app contributes its endpoints (DESIGN.md "Agent API")."""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path
+
+from ledger import api as ledger_api
+from runs import api as runs_api
+
+urlpatterns = [
+    path("tasks", runs_api.TaskCreateApi.as_view(), name="api-task-create"),
+    path("tasks/<str:task_id>", runs_api.TaskGetApi.as_view(), name="api-task-get"),
+    path("tasks/<str:task_id>/lease", runs_api.TaskLeaseApi.as_view(), name="api-task-lease"),
+    path("tasks/<str:task_id>/transition", runs_api.TaskTransitionApi.as_view(), name="api-task-transition"),
+    path("tasks/<str:task_id>/calls", ledger_api.CallProposeApi.as_view(), name="api-call-propose"),
+    path("operations/<str:operation_id>", ledger_api.OperationGetApi.as_view(), name="api-operation-get"),
+    # Async (not DRF): a long-poll sleeps on the event loop instead of holding a thread.
+    path("calls/<str:call_id>", ledger_api.call_get, name="api-call-get"),
+]

@@ -1,0 +1,311 @@
+"""The policy gate (DESIGN.md "Dispatch, in this order", step 1).
+
+    validate the arguments against the tool's JSON schema → authorize the principal → check the
+    task's budgets → compute the risk tier (base tier, raised — never lowered — by every
+    matching escalation rule) → the tier's requirement decides.
+
+The gate reads and decides; it writes nothing. The proposal pipeline (`ledger.proposals`) acts
+on the result: a refusal is an event, a spent budget pauses the task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from approvals.models import EscalationRule, PolicyTier, Tool
+from console.lib.canonical import arguments_hash
+from console.lib.errors import InvalidInput, NotPermitted
+from console.models import AgentPrincipal
+from runs.models import Task
+
+DISPATCH = "dispatch"
+APPROVAL = "approval"
+REFUSED = "refused"
+
+R = PolicyTier.Requirement
+_DECISION_BY_REQUIREMENT = {
+    R.RUN: DISPATCH,
+    R.RUN_AUDIT: DISPATCH,
+    R.ONE_APPROVAL: APPROVAL,
+    R.TWO_APPROVALS: APPROVAL,
+    R.FORBIDDEN: REFUSED,
+}
+
+# Task constraints the gate enforces, with the JSON types they must have (also checked when a
+# contract is registered, so a typo'd type fails at once rather than silently never binding).
+BUDGET_KEYS = ("max_tool_calls", "max_writes", "max_amount", "deadline")
+CONSTRAINT_TYPES: dict[str, str] = {
+    "max_tool_calls": "integer",
+    "max_writes": "integer",
+    "max_amount": "number",
+    "approval_threshold": "number",
+    "deadline": "datetime",
+}
+
+
+@dataclass(frozen=True)
+class GateResult:
+    decision: str  # dispatch | approval | refused
+    arguments_hash: str
+    risk_tier: int | None = None
+    requirement: str = ""
+    approvals_needed: int = 0
+    approval_ttl_seconds: int = 0
+    shows_preview: bool = False
+    reasons: tuple[str, ...] = ()
+    # Budgets that ran out: the pipeline pauses the task (DESIGN.md: `paused` when a budget
+    # runs out). A call that merely does not fit into what is left is refused, nothing more.
+    exhausted_budgets: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> bool:
+        return self.decision == REFUSED
+
+    @property
+    def needs_approval(self) -> bool:
+        return self.decision == APPROVAL
+
+
+def evaluate(*, principal: AgentPrincipal, task: Task, tool: Tool, arguments: dict[str, Any]) -> GateResult:
+    args_hash = validate_arguments(tool=tool, arguments=arguments)
+    authorize(principal=principal, task=task, tool=tool)
+    refusals, exhausted = check_budgets(task=task, tool=tool, arguments=arguments)
+    if refusals:
+        return GateResult(decision=REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),
+                          exhausted_budgets=tuple(exhausted))
+    tier, reasons = risk_tier(tool=tool, task=task, arguments=arguments)
+    policy = PolicyTier.objects.filter(level=tier).first()
+    if policy is None:
+        # Fail closed: a tier nobody configured is not a tier anybody may run.
+        return GateResult(decision=REFUSED, arguments_hash=args_hash, risk_tier=tier,
+                          reasons=(*reasons, f"no policy is configured for L{tier}"))
+    decision = _DECISION_BY_REQUIREMENT[policy.requirement]
+    if decision == REFUSED:
+        reasons = [*reasons, f"L{tier} is forbidden by policy"]
+    return GateResult(
+        decision=decision,
+        arguments_hash=args_hash,
+        risk_tier=tier,
+        requirement=policy.requirement,
+        approvals_needed=policy.approvals_needed,
+        approval_ttl_seconds=policy.approval_ttl_seconds,
+        shows_preview=policy.shows_preview or tool.has_preview,
+        reasons=tuple(reasons),
+    )
+
+
+# --- 1. schema ------------------------------------------------------------------------------
+
+def canonical_arguments_hash(arguments: Any) -> str:
+    """The canonical (RFC 8785) hash, or InvalidInput for what JSON cannot say exactly
+    (integers beyond 2^53, NaN, non-string keys)."""
+    if not isinstance(arguments, dict):
+        raise InvalidInput("arguments must be a JSON object.", details={"arguments": type(arguments).__name__})
+    try:
+        return arguments_hash(arguments)
+    except (ValueError, TypeError) as exc:  # rfc8785.CanonicalizationError is a ValueError
+        raise InvalidInput(
+            "The arguments cannot be canonicalized (RFC 8785).", details={"arguments": str(exc)}
+        ) from exc
+
+
+def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
+    """Validate against the tool's schema (Draft 2020-12, formats checked); return the hash."""
+    if not isinstance(arguments, dict):
+        raise InvalidInput("arguments must be a JSON object.", details={"arguments": type(arguments).__name__})
+    try:
+        validator = Draft202012Validator(tool.json_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: (list(e.absolute_path), e.message))
+    except SchemaError as exc:  # the admin saved a broken schema: nothing can pass
+        raise InvalidInput(f"The schema of {tool.name} is invalid; nothing can be validated against it.",
+                           details={"tool": tool.name, "schema_error": exc.message}) from exc
+    if errors:
+        raise InvalidInput(
+            f"The arguments do not match the schema of {tool.name}.",
+            details={"tool": tool.name, "errors": [
+                {"path": ".".join(str(p) for p in e.absolute_path), "message": e.message, "validator": e.validator}
+                for e in errors
+            ]},
+        )
+    return canonical_arguments_hash(arguments)
+
+
+# --- 2. authorization -----------------------------------------------------------------------
+
+def authorize(*, principal: AgentPrincipal, task: Task, tool: Tool) -> None:
+    if not principal.is_active or task.tenant_id != principal.tenant_id:
+        raise NotPermitted("This principal may not act on this task.", details={"task_id": task.task_id})
+    if not tool.enabled:
+        raise NotPermitted(f"The tool {tool.name} is disabled.", details={"tool": tool.name})
+    if not principal.allowed_tools.filter(pk=tool.pk).exists():
+        raise NotPermitted(f"{principal.ref} may not use {tool.name}.", details={"tool": tool.name})
+
+
+# --- 3. budgets -----------------------------------------------------------------------------
+
+def call_amount(tool: Tool, arguments: dict[str, Any]) -> Decimal:
+    """What a call spends of `max_amount`: the `amount` argument of a write call."""
+    amount = arguments.get("amount")
+    if tool.kind != Tool.Kind.WRITE or isinstance(amount, bool) or not isinstance(amount, int | float):
+        return Decimal(0)
+    return Decimal(str(amount))
+
+
+def parse_deadline(value: Any) -> datetime:
+    """ISO 8601; a time without an offset is UTC."""
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO 8601 date-time string")
+    parsed = datetime.fromisoformat(value)
+    if timezone.is_naive(parsed):
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def check_budgets(*, task: Task, tool: Tool, arguments: dict[str, Any], now=None) -> tuple[list[str], list[str]]:
+    """(reasons for refusal, budgets that ran out)."""
+    constraints = task.constraints or {}
+    refusals: list[str] = []
+    exhausted: list[str] = []
+    max_calls = _limit(constraints.get("max_tool_calls"))
+    if max_calls is not None and task.calls_used >= max_calls:
+        refusals.append(f"tool call budget spent: {task.calls_used} of {max_calls}")
+        exhausted.append("max_tool_calls")
+    if tool.kind == Tool.Kind.WRITE:
+        max_writes = _limit(constraints.get("max_writes"))
+        if max_writes is not None and task.writes_used >= max_writes:
+            refusals.append(f"write budget spent: {task.writes_used} of {max_writes}")
+            exhausted.append("max_writes")
+    limit = _limit(constraints.get("max_amount"))
+    amount = call_amount(tool, arguments)
+    if limit is not None and amount:
+        used = Decimal(task.amount_used)
+        if used >= limit:
+            refusals.append(f"amount budget spent: {_num(used)} of {_num(limit)}")
+            exhausted.append("max_amount")
+        elif used + amount > limit:
+            refusals.append(f"amount {_num(amount)} exceeds what is left of the budget: "
+                            f"{_num(limit - used)} of {_num(limit)}")
+    if constraints.get("deadline") is not None:
+        try:
+            deadline = parse_deadline(constraints["deadline"])
+        except ValueError:
+            deadline = None
+        if deadline is None:
+            refusals.append(f"the task's deadline {constraints['deadline']!r} is not a date-time")
+        elif (now or timezone.now()) >= deadline:
+            refusals.append(f"the task's deadline {deadline.isoformat()} has passed")
+            exhausted.append("deadline")
+    return refusals, exhausted
+
+
+def _limit(value: Any) -> Decimal | None:
+    """A budget's limit; a value of the wrong type (stored by something other than the API)
+    binds as 0 — a budget nobody can read is spent, not unlimited."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        return Decimal(0)
+    try:
+        limit = Decimal(str(value))
+    except InvalidOperation:
+        return Decimal(0)
+    return limit if limit.is_finite() else Decimal(0)
+
+
+def _num(value: Decimal) -> str:
+    return format(value.normalize(), "f")
+
+
+# --- 4. risk tier ---------------------------------------------------------------------------
+
+MISSING = object()
+
+_SYMBOL = {c.value: c.label for c in EscalationRule.Comparison}
+
+
+def resolve_path(arguments: Any, path: str) -> Any:
+    """`amount`, `to.0`, `customer.address.country`; MISSING when any part is absent."""
+    value = arguments
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return MISSING
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def rule_matches(rule: EscalationRule, arguments: dict[str, Any]) -> tuple[bool, Any]:
+    actual = resolve_path(arguments, rule.argument_path)
+    if actual is MISSING:
+        return False, actual
+    expected = rule.value
+    op = rule.comparison
+    C = EscalationRule.Comparison
+    try:
+        if op in (C.GT, C.GTE, C.LT, C.LTE):
+            # Order only numbers with numbers and strings with strings; anything else is no match.
+            if not ((_is_number(actual) and _is_number(expected))
+                    or (isinstance(actual, str) and isinstance(expected, str))):
+                return False, actual
+            matched = {C.GT: actual > expected, C.GTE: actual >= expected,
+                       C.LT: actual < expected, C.LTE: actual <= expected}[op]
+        elif op == C.EQ:
+            matched = actual == expected
+        elif op == C.NE:
+            matched = actual != expected
+        elif op == C.IN:
+            matched = isinstance(expected, list | str) and actual in expected
+        elif op == C.CONTAINS:
+            matched = isinstance(actual, list | str | dict) and expected in actual
+        else:
+            matched = False
+    except TypeError:
+        matched = False
+    return bool(matched), actual
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def risk_tier(*, tool: Tool, task: Task | None, arguments: dict[str, Any]) -> tuple[int, list[str]]:
+    """The tool's base tier raised — never lowered — by every matching rule, with reasons."""
+    tier = tool.base_tier
+    reasons = [f"{tool.name}: base tier L{tool.base_tier}" + (" (preview)" if tool.has_preview else "")]
+    for rule in tool.escalation_rules.order_by("tier", "id"):
+        matched, actual = rule_matches(rule, arguments)
+        if not matched:
+            continue
+        effect = f"L{rule.tier}" if rule.tier > tier else f"L{rule.tier} (tier stays L{tier})"
+        reasons.append(f"{rule.argument_path} {_show(actual)} {_SYMBOL.get(rule.comparison, rule.comparison)} "
+                       f"{_show(rule.value)} → {effect}")
+        tier = max(tier, rule.tier)
+    threshold = (task.constraints or {}).get("approval_threshold") if task is not None else None
+    amount = call_amount(tool, arguments)
+    if _is_number(threshold) and amount and amount > Decimal(str(threshold)):
+        floor = _lowest_approval_tier()
+        if floor is not None:
+            effect = f"L{floor}" if floor > tier else f"L{floor} (tier stays L{tier})"
+            reasons.append(f"amount {_num(amount)} > task approval_threshold {_show(threshold)} → {effect}")
+            tier = max(tier, floor)
+    return tier, reasons
+
+
+def _lowest_approval_tier() -> int | None:
+    return (
+        PolicyTier.objects.filter(requirement__in=(R.ONE_APPROVAL, R.TWO_APPROVALS))
+        .order_by("level").values_list("level", flat=True).first()
+    )

@@ -1,0 +1,272 @@
+"""Agent API for tool calls and operations (DESIGN.md "Agent API").
+
+`POST /tasks/{id}/calls` proposes a call (ledger.proposals); `GET /operations/{id}` reads the
+ledger; `GET /calls/{id}?wait=` long-polls. The long-poll is a plain async Django view, not DRF:
+a waiting client must hold no thread of its own, so it sleeps on the event loop and reads the
+database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from django.http import HttpRequest, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.lib.errors import DomainError, InvalidInput
+from console.models import AgentPrincipal, hash_token
+from ledger.models import OperationStatus
+from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
+from ledger.selectors import (
+    AWAITING_APPROVAL,
+    DISPATCHED,
+    REFUSED,
+    call_detail,
+    call_for_principal,
+    call_operation_status,
+    operation_detail,
+    operation_for_principal,
+)
+from runs.api import ErrorSerializer, JSONObjectField, StrictCharField, StrictIntegerField, errors
+
+DECISIONS = [(DISPATCHED, DISPATCHED), (AWAITING_APPROVAL, AWAITING_APPROVAL), (REFUSED, REFUSED)]
+MAX_WAIT_SECONDS = 30.0
+POLL_SECONDS = 0.1
+
+
+class OperationOutputSerializer(serializers.Serializer):
+    class Attempt(serializers.Serializer):
+        number = serializers.IntegerField()
+        fact = serializers.CharField(allow_null=True, help_text="not_sent, known_failure, unknown, known_success")
+        started_at = serializers.DateTimeField()
+        finished_at = serializers.DateTimeField(allow_null=True)
+        error_class = serializers.CharField(allow_blank=True)
+        error_code = serializers.CharField(allow_blank=True)
+        latency_ms = serializers.IntegerField(allow_null=True)
+        stale = serializers.BooleanField(help_text="A late result of a superseded worker, kept as evidence.")
+
+        class Meta:
+            ref_name = "Attempt"
+
+    class Approval(serializers.Serializer):
+        approval_id = serializers.CharField()
+        status = serializers.CharField()
+        call_id = serializers.CharField()
+        risk_tier = serializers.IntegerField()
+        approvals_needed = serializers.IntegerField()
+        approvals_given = serializers.IntegerField()
+        reasons = serializers.ListField(child=serializers.CharField())
+        arguments_hash = serializers.CharField()
+        state_version = serializers.IntegerField()
+        expires_at = serializers.DateTimeField()
+        decided_at = serializers.DateTimeField(allow_null=True)
+        pending = serializers.BooleanField()
+
+        class Meta:
+            ref_name = "Approval"
+
+    operation_id = serializers.CharField()
+    call_id = serializers.CharField()
+    task_id = serializers.CharField()
+    step_id = serializers.CharField()
+    tool = serializers.CharField()
+    status = serializers.ChoiceField(choices=OperationStatus.choices)
+    decision = serializers.ChoiceField(choices=DECISIONS)
+    reasons = serializers.ListField(child=serializers.CharField())
+    risk_tier = serializers.IntegerField()
+    idempotency_key = serializers.CharField()
+    arguments_hash = serializers.CharField()
+    attempt_count = serializers.IntegerField()
+    attempts = Attempt(many=True)
+    receipt = serializers.JSONField(allow_null=True)
+    result = serializers.JSONField(allow_null=True)
+    last_error = serializers.CharField(allow_blank=True)
+    approval = Approval(allow_null=True)
+    call_ids = serializers.ListField(child=serializers.CharField(),
+                                     help_text="Every call ID that maps to this operation.")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "Operation"
+
+
+class CallProposeApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        call_id = StrictCharField(max_length=MAX_CALL_ID, help_text="The model's tool-call ID; unique within the task.")
+        step_id = StrictCharField(max_length=MAX_STEP_ID, help_text="One side-effecting call per step.")
+        tool = StrictCharField(max_length=100)
+        arguments = JSONObjectField()
+        expected_version = StrictIntegerField(min_value=0)
+        fencing_token = StrictIntegerField(min_value=0)
+
+        class Meta:
+            ref_name = "CallProposeInput"
+
+    class OutputSerializer(serializers.Serializer):
+        call_id = serializers.CharField()
+        operation_id = serializers.CharField(allow_null=True)
+        decision = serializers.ChoiceField(choices=DECISIONS)
+        status = serializers.CharField(help_text="The operation's status; `refused` when none was created.")
+        approval_id = serializers.CharField(allow_null=True)
+        reasons = serializers.ListField(child=serializers.CharField())
+        risk_tier = serializers.IntegerField(allow_null=True)
+        approvals_needed = serializers.IntegerField()
+        task_id = serializers.CharField()
+        task_version = serializers.IntegerField()
+
+        class Meta:
+            ref_name = "CallProposeOutput"
+
+    @extend_schema(
+        operation_id="call_propose", summary="Propose a tool call",
+        description=(
+            "201: a new operation. 200: answered from the ledger (a repeat of the call ID, the same step "
+            "under a new call ID, or a refusal). A repeat with the same arguments is answered before any "
+            "version or token check; the same call ID with other arguments is 422."
+        ),
+        request=InputSerializer,
+        responses={201: OutputSerializer, 200: OutputSerializer, **errors(400, 401, 403, 404, 409, 422)},
+    )
+    def post(self, request, task_id: str):
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        proposal = call_propose(
+            principal=request.user, task_id=task_id, call_id=data["call_id"], step_id=data["step_id"],
+            tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],
+            fencing_token=data["fencing_token"],
+        )
+        return Response(
+            self.OutputSerializer(proposal).data,
+            status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK,
+        )
+
+
+class OperationGetApi(APIView):
+    @extend_schema(operation_id="operation_get", summary="Read an operation, its attempts and approval",
+                   responses={200: OperationOutputSerializer, **errors(401, 404)})
+    def get(self, request, operation_id: str):
+        operation = operation_for_principal(principal=request.user, operation_id=operation_id)
+        return Response(OperationOutputSerializer(operation_detail(operation)).data)
+
+
+# --- GET /calls/{call_id}?wait= (async) ------------------------------------------------------
+
+
+def _json(body: dict[str, Any], *, status_code: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
+    return HttpResponse(JSONRenderer().render(body), status=status_code,
+                        content_type="application/json", headers=headers)
+
+
+def _error(code: str, message: str, details: dict | None = None, *, status_code: int,
+           headers: dict[str, str] | None = None) -> HttpResponse:
+    return _json({"error": {"code": code, "message": message, "details": details or {}}},
+                 status_code=status_code, headers=headers)
+
+
+def _db(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run one short database hop off the event loop, in any pool thread, and give its
+    connection back at once (a long-poll must not pin a connection while it sleeps)."""
+    def hop(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(hop, thread_sensitive=False)
+
+
+def _authenticate(header: str) -> AgentPrincipal | None:
+    """The same rules as console.api_auth.AgentTokenAuthentication."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return (
+        AgentPrincipal.objects.select_related("tenant")
+        .filter(token_hash=hash_token(token.strip()), is_active=True)
+        .first()
+    )
+
+
+def _parse_wait(raw: str | None) -> float:
+    if raw is None or raw == "":
+        return 0.0
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait) or wait < 0:
+        raise InvalidInput("The request is invalid.",
+                           details={"fields": {"wait": [f"A number of seconds from 0 to {MAX_WAIT_SECONDS:g}."]}})
+    return min(wait, MAX_WAIT_SECONDS)
+
+
+def _call_body(call) -> dict[str, Any]:
+    return dict(OperationOutputSerializer(call_detail(call)).data)
+
+
+async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
+    """Long-poll a call: answer when its operation's status differs from the status at the
+    start, or when `wait` seconds (at most 30) have passed — with the status as it is then."""
+    if request.method not in ("GET", "HEAD"):
+        return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
+                      status_code=405, headers={"Allow": "GET, HEAD"})
+    header = request.headers.get("Authorization", "")
+    if not header:
+        return _error("unauthenticated", "Authentication credentials were not provided.",
+                      status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    principal = await _db(_authenticate)(header)
+    if principal is None:
+        return _error("unauthenticated", "Use 'Authorization: Bearer <token>' with a known, active agent token.",
+                      status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    try:
+        wait = _parse_wait(request.GET.get("wait"))
+        call = await _db(call_for_principal)(
+            principal=principal, call_id=call_id, task_id=request.GET.get("task_id") or None
+        )
+        initial = await _db(call_operation_status)(call_pk=call.pk)
+        if wait > 0:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            while (remaining := deadline - loop.time()) > 0:
+                await asyncio.sleep(min(POLL_SECONDS, remaining))
+                if await _db(call_operation_status)(call_pk=call.pk) != initial:
+                    break
+        return _json(await _db(_call_body)(call))
+    except DomainError as exc:
+        return _error(exc.code, exc.message, exc.details, status_code=exc.status)
+
+
+class CallGetApi(APIView):
+    """Documents `call_get` in the OpenAPI schema; the requests are served by the async view."""
+
+    @extend_schema(
+        operation_id="call_get", summary="Read (long-poll) a call's operation",
+        description="Answers at once with `wait=0`; otherwise when the operation's status differs from the "
+                    "status at the start of the request, or after `wait` seconds (at most 30).",
+        parameters=[
+            OpenApiParameter("wait", OpenApiTypes.FLOAT, description="Seconds to wait for a change (0–30)."),
+            OpenApiParameter("task_id", OpenApiTypes.STR,
+                             description="The call's task; without it, the newest call with this ID in your tenant."),
+        ],
+        responses={200: OperationOutputSerializer, 400: OpenApiResponse(ErrorSerializer),
+                   **errors(401, 404)},
+    )
+    def get(self, request, call_id: str):  # pragma: no cover - never routed
+        raise NotImplementedError
+
+
+# drf-spectacular documents any URL whose callback names an APIView class.
+call_get.cls = CallGetApi
+call_get.initkwargs = {}

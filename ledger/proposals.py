@@ -1,0 +1,333 @@
+"""The proposal pipeline: an agent proposes a tool call; the ledger answers once and for all.
+
+DESIGN.md "Dispatch, in this order", steps 1–3, in one transaction with the task row locked:
+
+1. A repeat (same task, same call ID) is answered from the ledger before any version or token
+   check — an agent retrying with a stale version still gets its operation. Same call ID with
+   other arguments: IntentMismatch (422), nothing written.
+2. Fencing token and expected version (409); the task must be running or waiting for approval.
+3. The gate (schema 400, authorization 403, budgets, risk tier). A refusal is an event, no
+   operation; a spent budget pauses the task.
+4. create_or_get on the operation ID derived from (tenant, task, step, tool): the same step
+   proposed again under a new call ID maps to the same operation — one step, one effect.
+5. run → authorized (the dispatch is enqueued on commit); approval → an approval request bound
+   to call ID, operation, argument hash and the task's state version, and the task waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import rfc8785
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from approvals import gate
+from approvals import services as approval_services
+from approvals.models import Tool
+from console.lib.canonical import intent_hash
+from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
+from console.lib.ids import derive_operation_id
+from console.lib.transitions import record_event
+from console.models import AgentPrincipal
+from ledger import services as ledger_services
+from ledger.models import Call, Operation
+from ledger.selectors import (
+    AWAITING_APPROVAL,
+    DISPATCHED,
+    REFUSED,
+    operation_approval,
+    operation_decision,
+)
+from runs import services as run_services
+from runs.models import Lease, Task, TaskStatus
+
+GATE_ACTOR = "system:gate"
+MAX_CALL_ID = 64
+MAX_STEP_ID = 128
+CALL_ENTITY = "call"
+
+# A task proposes calls only while it runs; waiting for one approval does not stop it from
+# proposing the next (independent) step.
+PROPOSING_STATUSES = frozenset({TaskStatus.RUNNING, TaskStatus.WAITING_APPROVAL})
+
+
+@dataclass(frozen=True)
+class Proposal:
+    call_id: str
+    operation_id: str | None
+    decision: str  # dispatched | awaiting_approval | refused
+    status: str  # the operation's status; "refused" when no operation was created
+    task_id: str
+    task_version: int
+    approval_id: str | None = None
+    reasons: tuple[str, ...] = ()
+    risk_tier: int | None = None
+    approvals_needed: int = 0
+    created: bool = False  # this proposal created the operation (HTTP 201)
+    repeat: bool = False  # answered from the ledger for a call ID seen before
+
+
+def call_propose(
+    *,
+    principal: AgentPrincipal,
+    task_id: str,
+    call_id: str,
+    step_id: str,
+    tool_name: str,
+    arguments: dict[str, Any],
+    expected_version: int,
+    fencing_token: int | None,
+) -> Proposal:
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID:
+        # Event rows name their entity in 64 characters, and every call leaves events.
+        raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} characters.", details={"call_id": call_id})
+    if not isinstance(step_id, str) or not 0 < len(step_id) <= MAX_STEP_ID:
+        raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
+    args_hash = gate.canonical_arguments_hash(arguments)
+    with transaction.atomic():
+        task = _lock_task(principal=principal, task_id=task_id)
+
+        call = _call(task, call_id)
+        if call is not None:
+            return _repeat(call, task=task, step_id=step_id, tool_name=tool_name, args_hash=args_hash)
+
+        run_services.check_fencing_token(task, fencing_token)
+        if task.version != expected_version:
+            raise Conflict(
+                "Stale expected_version.",
+                details={"task_id": task.task_id, "expected_version": expected_version, "version": task.version},
+            )
+        if task.status not in PROPOSING_STATUSES:
+            raise Conflict(
+                f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
+                details={"task_id": task.task_id, "status": task.status},
+            )
+        tool = Tool.objects.filter(name=tool_name).first()
+        if tool is None:
+            raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
+        gate.validate_arguments(tool=tool, arguments=arguments)
+        gate.authorize(principal=principal, task=task, tool=tool)
+
+        operation_id = derive_operation_id(
+            tenant=task.tenant.slug, task_id=task.task_id, step_id=step_id, tool=tool.name
+        )
+        intent = intent_hash(tool=tool.name, arguments=arguments, principal=principal.ref)
+        existing = Operation.objects.select_related("tool", "step").filter(pk=operation_id).first()
+        if existing is not None:
+            # Checked before the budgets: a regenerated call for a step already in the ledger
+            # spends nothing, so a spent budget must not refuse it.
+            return _regenerated(existing, principal=principal, task=task, call_id=call_id,
+                                intent=intent, args_hash=args_hash)
+
+        result = gate.evaluate(principal=principal, task=task, tool=tool, arguments=arguments)
+        if result.refused:
+            return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool)
+
+        step = run_services.step_get_or_create(task=task, step_id=step_id)
+        try:
+            with transaction.atomic():
+                operation = Operation.objects.create(
+                    operation_id=operation_id,
+                    tenant_id=task.tenant_id,
+                    task=task,
+                    step=step,
+                    tool=tool,
+                    tool_schema_version=tool.schema_version,
+                    principal=principal,
+                    call_id=call_id,
+                    arguments=arguments,
+                    arguments_hash=args_hash,
+                    intent_hash=intent,
+                    idempotency_key=_idempotency_key(tool, task, arguments, operation_id),
+                    business_key=_business_key(tool, arguments),
+                    risk_tier=result.risk_tier,
+                )
+                Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=args_hash)
+        except IntegrityError:
+            # Only reachable if a writer got past the task lock (it should not): whoever won,
+            # the ledger's row is the answer.
+            call = _call(task, call_id)
+            if call is not None:
+                return _repeat(call, task=task, step_id=step_id, tool_name=tool_name, args_hash=args_hash)
+            existing = Operation.objects.select_related("tool", "step").filter(pk=operation_id).first()
+            if existing is None:
+                raise
+            return _regenerated(existing, principal=principal, task=task, call_id=call_id,
+                                intent=intent, args_hash=args_hash)
+
+        ledger_services.operation_created_event(operation, actor=principal.ref)
+        _spend_budget(task, tool, arguments)
+
+        if result.needs_approval:
+            run_services.task_wait_for_approval(
+                task=task, actor=principal.ref, reason=f"call {call_id} needs approval",
+                evidence={"operation_id": operation_id, "risk_tier": result.risk_tier},
+            )
+            approval = approval_services.approval_request_create(
+                operation=operation, call_id=call_id,
+                # The version after the move: the dispatcher refuses if the task moved again.
+                state_version=task.version,
+                risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
+                ttl_seconds=result.approval_ttl_seconds, reasons=list(result.reasons), actor=principal.ref,
+            )
+            return Proposal(
+                call_id=call_id, operation_id=operation_id, decision=AWAITING_APPROVAL, status=operation.status,
+                task_id=task.task_id, task_version=task.version, approval_id=approval.approval_id,
+                reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
+                created=True,
+            )
+
+        operation = ledger_services.operation_authorize(
+            operation_id=operation_id, actor=GATE_ACTOR,
+            reason=f"L{result.risk_tier} {result.requirement}: runs at once",
+            evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
+        )
+        return Proposal(
+            call_id=call_id, operation_id=operation_id, decision=DISPATCHED, status=operation.status,
+            task_id=task.task_id, task_version=task.version, reasons=result.reasons,
+            risk_tier=result.risk_tier, created=True,
+        )
+
+
+def _lock_task(*, principal: AgentPrincipal, task_id: str) -> Task:
+    if not Task.objects.filter(task_id=task_id, tenant_id=principal.tenant_id).exists():
+        raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
+    # Lock order lease → task, the order task_transition takes them in (it locks the lease,
+    # then updates the task row): the other order could deadlock against it on PostgreSQL.
+    # Holding the task row serializes every proposal of the task, so a repeat and its original
+    # never both miss each other. On SQLite the IMMEDIATE transaction already serializes.
+    Lease.objects.select_for_update().filter(task_id=task_id).first()
+    return Task.objects.select_for_update(of=("self",)).select_related("tenant").get(task_id=task_id)
+
+
+def _call(task: Task, call_id: str) -> Call | None:
+    return Call.objects.select_related("operation__tool", "operation__step").filter(task=task, call_id=call_id).first()
+
+
+def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: str) -> Proposal:
+    operation = call.operation
+    if (call.arguments_hash, operation.tool.name, operation.step.step_id) != (args_hash, tool_name, step_id):
+        raise IntentMismatch(
+            f"Call {call.call_id} was proposed before with other arguments; a call ID names one intent.",
+            details={"call_id": call.call_id, "operation_id": operation.operation_id,
+                     "arguments_hash": call.arguments_hash, "tool": operation.tool.name,
+                     "step_id": operation.step.step_id},
+        )
+    return _answer(operation, task=task, call_id=call.call_id, repeat=True)
+
+
+def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task, call_id: str,
+                 intent: str, args_hash: str) -> Proposal:
+    """The step is already in the ledger under another call ID (the model regenerated it)."""
+    if operation.intent_hash != intent:
+        raise IntentMismatch(
+            f"Step {operation.step.step_id} already has an operation with another intent; "
+            "give a different side effect its own step ID.",
+            details={"operation_id": operation.operation_id, "step_id": operation.step.step_id,
+                     "call_id": operation.call_id},
+        )
+    try:
+        with transaction.atomic():
+            Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=args_hash)
+    except IntegrityError:
+        call = _call(task, call_id)
+        if call is None:
+            raise
+        return _repeat(call, task=task, step_id=operation.step.step_id, tool_name=operation.tool.name,
+                       args_hash=args_hash)
+    answer = _answer(operation, task=task, call_id=call_id)
+    record_event(
+        entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, to_status=answer.decision,
+        actor=principal.ref,
+        reason=f"same step as call {operation.call_id}: answered from operation {operation.operation_id}",
+        evidence={"operation_id": operation.operation_id, "status": operation.status, "task_id": task.task_id},
+    )
+    return answer
+
+
+def _answer(operation: Operation, *, task: Task, call_id: str, repeat: bool = False) -> Proposal:
+    approval = operation_approval(operation, call_id=call_id)
+    decision, reasons = operation_decision(operation, approval)
+    if decision == DISPATCHED:
+        reasons = gate.risk_tier(tool=operation.tool, task=task, arguments=operation.arguments)[1]
+    return Proposal(
+        call_id=call_id, operation_id=operation.operation_id, decision=decision, status=operation.status,
+        task_id=task.task_id, task_version=task.version,
+        approval_id=approval.approval_id if approval is not None else None,
+        reasons=tuple(reasons), risk_tier=operation.risk_tier,
+        approvals_needed=approval.approvals_needed if approval is not None else 0,
+        repeat=repeat,
+    )
+
+
+def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, call_id: str, step_id: str,
+            tool: Tool) -> Proposal:
+    if result.exhausted_budgets and task.status != TaskStatus.PAUSED:
+        run_services.task_pause(
+            task=task, actor=GATE_ACTOR, reason=f"budget ran out: {', '.join(result.exhausted_budgets)}",
+            evidence={"budgets": list(result.exhausted_budgets), "call_id": call_id, "reasons": list(result.reasons)},
+        )
+    record_event(
+        entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, to_status=REFUSED, actor=principal.ref,
+        reason="; ".join(result.reasons),
+        evidence={"task_id": task.task_id, "step_id": step_id, "tool": tool.name,
+                  "arguments_hash": result.arguments_hash, "risk_tier": result.risk_tier,
+                  "reasons": list(result.reasons), "exhausted_budgets": list(result.exhausted_budgets)},
+    )
+    return Proposal(
+        call_id=call_id, operation_id=None, decision=REFUSED, status=REFUSED, task_id=task.task_id,
+        task_version=task.version, reasons=result.reasons, risk_tier=result.risk_tier,
+    )
+
+
+def _spend_budget(task: Task, tool: Tool, arguments: dict[str, Any]) -> None:
+    """Budgets are spent when the operation is created (reserved), whatever a reviewer decides."""
+    is_write = tool.kind == Tool.Kind.WRITE
+    amount = gate.call_amount(tool, arguments)
+    Task.objects.filter(pk=task.pk).update(
+        calls_used=F("calls_used") + 1,
+        writes_used=F("writes_used") + (1 if is_write else 0),
+        amount_used=F("amount_used") + amount,
+    )
+    task.refresh_from_db(fields=["calls_used", "writes_used", "amount_used"])
+
+
+def _key_part(value: Any) -> str:
+    # Numbers in their canonical JSON form, so 30 and 30.0 make one key, as they make one intent.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Decimal):
+        value = float(value)
+    return rfc8785.dumps(value).decode()
+
+
+def _idempotency_key(tool: Tool, task: Task, arguments: dict[str, Any], operation_id: str) -> str:
+    """The operation ID, unless the tool defines a business key template (seed 003:
+    `{tenant}:{order_id}:refund:{amount}`); placeholders are the tenant's slug and arguments."""
+    if not tool.idempotency_key_template:
+        return operation_id
+    values = {name: _key_part(value) for name, value in arguments.items()}
+    values["tenant"] = task.tenant.slug
+    try:
+        key = tool.idempotency_key_template.format_map(values)
+    except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        raise InvalidInput(
+            f"The idempotency key template of {tool.name} cannot be filled from these arguments.",
+            details={"template": tool.idempotency_key_template, "error": f"{type(exc).__name__}: {exc}"},
+        ) from exc
+    if not key or len(key) > 255:
+        raise InvalidInput(f"The idempotency key of {tool.name} must be 1 to 255 characters.",
+                           details={"length": len(key)})
+    return key
+
+
+def _business_key(tool: Tool, arguments: dict[str, Any]) -> str:
+    if not tool.business_key:
+        return ""
+    value = gate.resolve_path(arguments, tool.business_key)
+    if value is gate.MISSING or value is None:
+        return ""
+    return _key_part(value)[:255]

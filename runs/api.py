@@ -1,0 +1,276 @@
+"""Agent API for task contracts, leases and transitions (DESIGN.md "Agent API").
+
+One view per operation; each view validates with its input serializer, calls one service and
+answers with its output serializer. Errors go through `console.api_errors.exception_handler`:
+{"error": {"code", "message", "details"}}.
+"""
+
+from __future__ import annotations
+
+import math
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals.gate import CONSTRAINT_TYPES, parse_deadline
+from runs import services
+from runs.models import TaskStatus
+from runs.selectors import task_for_principal, task_lease
+
+TASK_STATUSES = "One of: " + ", ".join(TaskStatus.values) + "."
+
+# --- shared fields and schema pieces ---------------------------------------------------------
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string, not anything DRF could turn into one (5 is not a goal)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer: "3", 3.0 and true are not versions or tokens."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field(OpenApiTypes.OBJECT)
+class JSONObjectField(serializers.JSONField):
+    default_error_messages = {"not_object": "Expected a JSON object."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("not_object")
+        return super().to_internal_value(data)
+
+
+class ErrorSerializer(serializers.Serializer):
+    class Body(serializers.Serializer):
+        code = serializers.CharField(help_text="invalid, unauthenticated, forbidden, not_found, conflict, "
+                                               "illegal_transition, intent_mismatch, rate_limited, …")
+        message = serializers.CharField()
+        details = serializers.DictField(help_text="Machine-readable; validation errors are under `fields`.")
+
+        class Meta:
+            ref_name = "ErrorBody"
+
+    error = Body()
+
+    class Meta:
+        ref_name = "Error"
+
+
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    text = {
+        400: "Invalid input (malformed JSON, wrong types, schema).",
+        401: "Missing or unknown bearer token.",
+        403: "Not permitted.",
+        404: "No such record in your tenant.",
+        409: "Version or fencing token conflict, or in flight.",
+        422: "Same key, other intent.",
+    }
+    return {code: OpenApiResponse(ErrorSerializer, description=text[code]) for code in codes}
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "console.api_auth.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Bearer")
+
+
+# --- contract validation ---------------------------------------------------------------------
+
+
+def validate_constraints(value: dict) -> dict:
+    """Known keys must have their types (a budget of "ten" would silently never bind); other
+    keys are kept and reported back as not enforced."""
+    problems: dict[str, str] = {}
+    for key, kind in CONSTRAINT_TYPES.items():
+        if key not in value or value[key] is None:
+            continue
+        item = value[key]
+        if kind == "integer":
+            if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+                problems[key] = "Expected an integer >= 0."
+        elif kind == "number":
+            if (isinstance(item, bool) or not isinstance(item, int | float)
+                    or not math.isfinite(item) or item < 0):
+                problems[key] = "Expected a number >= 0."
+        elif kind == "datetime":
+            try:
+                parse_deadline(item)
+            except (ValueError, TypeError):
+                problems[key] = "Expected an ISO 8601 date-time, e.g. 2030-01-31T17:00:00Z."
+    if problems:
+        raise serializers.ValidationError(problems)
+    return value
+
+
+class TaskOutputSerializer(serializers.Serializer):
+    class Budget(serializers.Serializer):
+        calls_used = serializers.IntegerField()
+        writes_used = serializers.IntegerField()
+        amount_used = serializers.DecimalField(max_digits=18, decimal_places=4, coerce_to_string=False)
+
+        class Meta:
+            ref_name = "TaskBudget"
+
+    class LeaseInfo(serializers.Serializer):
+        owner = serializers.CharField()
+        generation = serializers.IntegerField()
+        expires_at = serializers.DateTimeField()
+        live = serializers.BooleanField(source="is_live")
+
+        class Meta:
+            ref_name = "TaskLease"
+
+    task_id = serializers.CharField()
+    status = serializers.CharField(help_text=TASK_STATUSES)
+    version = serializers.IntegerField()
+    task_type = serializers.CharField()
+    goal = serializers.CharField()
+    inputs = JSONObjectField()
+    success_criteria = serializers.ListField(child=serializers.JSONField())
+    constraints = JSONObjectField()
+    versions = JSONObjectField()
+    budget = Budget(source="*")
+    lease = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "Task"
+
+    @extend_schema_field(LeaseInfo(allow_null=True))
+    def get_lease(self, task):
+        lease = task_lease(task)
+        return self.LeaseInfo(lease).data if lease is not None else None
+
+
+# --- views -----------------------------------------------------------------------------------
+
+
+class TaskCreateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        task_type = StrictCharField(max_length=100)
+        goal = StrictCharField()
+        inputs = JSONObjectField(required=False, default=dict)
+        success_criteria = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
+        constraints = JSONObjectField(required=False, default=dict, validators=[validate_constraints])
+        versions = JSONObjectField(required=False, default=dict)
+
+        class Meta:
+            ref_name = "TaskCreateInput"
+
+    class OutputSerializer(serializers.Serializer):
+        task_id = serializers.CharField()
+        status = serializers.CharField(help_text=TASK_STATUSES)
+        version = serializers.IntegerField()
+        unenforced_constraints = serializers.ListField(
+            child=serializers.CharField(),
+            help_text="Constraint keys stored with the contract that no gate enforces.",
+        )
+
+        class Meta:
+            ref_name = "TaskCreateOutput"
+
+    @extend_schema(
+        operation_id="task_create", summary="Register a task contract",
+        request=InputSerializer, responses={201: OutputSerializer, **errors(400, 401)},
+    )
+    def post(self, request):
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        task = services.task_create(principal=request.user, **serializer.validated_data)
+        task.unenforced_constraints = sorted(set(task.constraints) - set(CONSTRAINT_TYPES))
+        return Response(self.OutputSerializer(task).data, status=status.HTTP_201_CREATED)
+
+
+class TaskGetApi(APIView):
+    @extend_schema(operation_id="task_get", summary="Read a task",
+                   responses={200: TaskOutputSerializer, **errors(401, 404)})
+    def get(self, request, task_id: str):
+        task = task_for_principal(principal=request.user, task_id=task_id)
+        return Response(TaskOutputSerializer(task).data)
+
+
+class TaskLeaseApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        owner = StrictCharField(max_length=160)
+        ttl_seconds = StrictIntegerField(min_value=1, max_value=3600)
+
+        class Meta:
+            ref_name = "TaskLeaseInput"
+
+    class OutputSerializer(serializers.Serializer):
+        task_id = serializers.CharField()
+        owner = serializers.CharField()
+        fencing_token = serializers.IntegerField()
+        generation = serializers.IntegerField()
+        expires_at = serializers.DateTimeField()
+
+        class Meta:
+            ref_name = "TaskLeaseOutput"
+
+    @extend_schema(
+        operation_id="task_lease", summary="Acquire, renew or take over the task's lease",
+        description="The same owner renews and keeps its fencing token; another owner takes over only "
+                    "an expired lease, with generation and fencing token + 1.",
+        request=InputSerializer, responses={200: OutputSerializer, **errors(400, 401, 404, 409)},
+    )
+    def post(self, request, task_id: str):
+        task = task_for_principal(principal=request.user, task_id=task_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        lease = services.lease_acquire(task_id=task.task_id, **serializer.validated_data)
+        return Response(self.OutputSerializer(lease).data)
+
+
+class TaskTransitionApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        to = serializers.ChoiceField(choices=TaskStatus.choices)
+        expected_version = StrictIntegerField(min_value=0)
+        fencing_token = StrictIntegerField(min_value=0)
+        evidence = JSONObjectField(required=False, default=dict)
+        reason = StrictCharField(required=False, default="", allow_blank=True, max_length=2000)
+
+        class Meta:
+            ref_name = "TaskTransitionInput"
+
+    class OutputSerializer(serializers.Serializer):
+        task_id = serializers.CharField()
+        status = serializers.CharField(help_text=TASK_STATUSES)
+        version = serializers.IntegerField()
+
+        class Meta:
+            ref_name = "TaskTransitionOutput"
+
+    @extend_schema(
+        operation_id="task_transition", summary="Move the task (compare-and-set on version)",
+        description="Only the current fencing token commits. `succeeded` is reached only through a verifier.",
+        request=InputSerializer, responses={200: OutputSerializer, **errors(400, 401, 403, 404, 409)},
+    )
+    def post(self, request, task_id: str):
+        task = task_for_principal(principal=request.user, task_id=task_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        task = services.task_transition(
+            task_id=task.task_id, to=data["to"], expected_version=data["expected_version"],
+            fencing_token=data["fencing_token"], actor=request.user.ref, reason=data["reason"],
+            evidence=data["evidence"] or None,
+        )
+        return Response(self.OutputSerializer(task).data)

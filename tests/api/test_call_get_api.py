@@ -1,0 +1,174 @@
+"""GET /api/v1/calls/{call_id}?wait=SECONDS: the async long-poll.
+
+The view reads the database from pool threads, so these tests commit (transaction=True) and
+change the ledger from a thread of their own, started by a signal from the view — no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+from django.core.asgi import get_asgi_application
+from django.db import connection
+from django.test import AsyncClient
+
+from ledger import api as ledger_api
+from ledger import services as ledger_services
+from ledger.models import Operation
+from tests.api.conftest import assert_error, call_body, refund, start_task
+from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+
+
+def get(path: str, *, headers: dict[str, str] | None = None, **params):
+    async def run():
+        return await AsyncClient().get(path, params, headers=AUTH if headers is None else headers)
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def proposed(api, running_task) -> dict:
+    response = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task), format="json")
+    assert response.status_code == 201
+    return response.json()
+
+
+@pytest.fixture
+def poll_started(monkeypatch) -> threading.Event:
+    """Set once the view has read the status it will compare against."""
+    started = threading.Event()
+    real = ledger_api.call_operation_status
+
+    def spy(**kwargs):
+        status = real(**kwargs)
+        started.set()
+        return status
+
+    monkeypatch.setattr(ledger_api, "call_operation_status", spy)
+    return started
+
+
+def dispatch_when(started: threading.Event, operation_id: str) -> threading.Thread:
+    """From another thread: once the request has started, move the operation on."""
+    def run():
+        try:
+            if started.wait(timeout=20):
+                ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_it_answers_at_once_with_wait_zero(proposed):
+    began = time.monotonic()
+    response = get("/api/v1/calls/call-1", wait=0)
+    assert time.monotonic() - began < 2
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["call_id"], body["operation_id"], body["status"]) == ("call-1", proposed["operation_id"], "authorized")
+    assert (body["decision"], body["attempts"], body["approval"]) == ("dispatched", [], None)
+
+
+def test_it_answers_when_the_status_changes(proposed, poll_started):
+    changer = dispatch_when(poll_started, proposed["operation_id"])
+    began = time.monotonic()
+    response = get("/api/v1/calls/call-1", wait=20)
+    changer.join(timeout=20)
+    assert time.monotonic() - began < 15
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "dispatched"
+    assert [a["number"] for a in body["attempts"]] == [1]
+
+
+def test_it_times_out_with_the_unchanged_status(proposed):
+    began = time.monotonic()
+    response = get("/api/v1/calls/call-1", wait=0.3)
+    assert time.monotonic() - began >= 0.3
+    assert response.status_code == 200
+    assert response.json()["status"] == "authorized"
+    assert Operation.objects.get().status == "authorized"
+
+
+def test_a_regenerated_call_id_reads_the_same_operation(api, running_task, proposed):
+    api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, call_id="call-2"), format="json")
+    body = get("/api/v1/calls/call-2").json()
+    assert (body["call_id"], body["operation_id"]) == ("call-2", proposed["operation_id"])
+    assert body["call_ids"] == ["call-1", "call-2"]
+
+
+def test_task_id_picks_the_call_when_two_tasks_use_one_call_id(api, agent, running_task, proposed):
+    other = start_task(agent, owner="worker-2")
+    newer = api.post(f"/api/v1/tasks/{other.task_id}/calls", call_body(other, arguments=refund(40)),
+                     format="json").json()
+    assert get("/api/v1/calls/call-1").json()["operation_id"] == newer["operation_id"]
+    older = get("/api/v1/calls/call-1", task_id=running_task.task_id).json()
+    assert older["operation_id"] == proposed["operation_id"]
+
+
+def test_it_shows_a_pending_approval(api, running_task):
+    api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, arguments=refund(120)),
+             format="json")
+    body = get("/api/v1/calls/call-1", wait=0).json()
+    assert (body["status"], body["decision"]) == ("planned", "awaiting_approval")
+    assert body["approval"]["pending"] is True and body["approval"]["call_id"] == "call-1"
+
+
+@pytest.mark.parametrize("wait", ["soon", "-1", "nan", "inf"])
+def test_a_bad_wait_is_400(proposed, wait):
+    error = assert_error(get("/api/v1/calls/call-1", wait=wait), 400, "invalid")
+    assert "wait" in error["details"]["fields"]
+
+
+def test_another_tenants_call_is_404(proposed, outsider_agent):
+    assert_error(get("/api/v1/calls/call-1", headers={"Authorization": f"Bearer {OUTSIDER_TOKEN}"}),
+                 404, "not_found")
+
+
+def test_an_unknown_call_is_404(agent):
+    assert_error(get("/api/v1/calls/call-nope"), 404, "not_found")
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic abc"}])
+def test_it_needs_a_valid_token(proposed, headers):
+    response = get("/api/v1/calls/call-1", headers=headers)
+    assert_error(response, 401, "unauthenticated")
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+def test_other_methods_are_405(proposed):
+    async def run():
+        return await AsyncClient().post("/api/v1/calls/call-1", {}, headers=AUTH)
+
+    assert_error(asyncio.run(run()), 405, "method_not_allowed")
+
+
+def test_a_waiting_poll_does_not_hold_up_other_requests(proposed, running_task, poll_started):
+    """Through the real ASGI handler: while one client waits, another is served."""
+    application = get_asgi_application()
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=AUTH) as client:
+            waiting = asyncio.create_task(client.get("/api/v1/calls/call-1", params={"wait": 20}))
+            assert await asyncio.to_thread(poll_started.wait, 20)
+            other = await client.get(f"/api/v1/tasks/{running_task.task_id}")
+            assert not waiting.done()
+            changer = dispatch_when(poll_started, proposed["operation_id"])
+            answered = await waiting
+            await asyncio.to_thread(changer.join, 20)
+            return other, answered
+
+    other, answered = asyncio.run(scenario())
+    assert other.status_code == 200 and other.json()["task_id"] == running_task.task_id
+    assert answered.status_code == 200 and answered.json()["status"] == "dispatched"

@@ -1,0 +1,298 @@
+"""The proposal pipeline (ledger.proposals.call_propose): repeats, create_or_get, decisions."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals import services as approval_services
+from approvals.models import ApprovalRequest, ApprovalStatus, Tool
+from console.lib.canonical import arguments_hash
+from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound, NotPermitted
+from console.lib.ids import derive_operation_id
+from ledger.models import Attempt, Call, Event, Operation
+from ledger.proposals import call_propose
+from runs import services as run_services
+from runs.models import Task
+from tests.api.conftest import MAIL, RunningTask, refund, start_task
+
+pytestmark = pytest.mark.usefixtures("fast_password_hasher")
+
+
+def propose(agent, run: RunningTask, *, call_id="call-1", step_id="step-1", tool="payments.refund",
+            arguments=None, expected_version=None, fencing_token=None):
+    return call_propose(
+        principal=agent, task_id=run.task_id, call_id=call_id, step_id=step_id, tool_name=tool,
+        arguments=refund() if arguments is None else arguments,
+        expected_version=run.version if expected_version is None else expected_version,
+        fencing_token=run.fencing_token if fencing_token is None else fencing_token,
+    )
+
+
+def rows() -> tuple[int, int, int, int, int]:
+    return (Operation.objects.count(), Call.objects.count(), Attempt.objects.count(),
+            ApprovalRequest.objects.count(), Event.objects.count())
+
+
+def test_a_low_risk_call_is_authorized_and_dispatched_on_commit(agent, running_task,
+                                                                 django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        proposal = propose(agent, running_task)
+    assert (proposal.decision, proposal.status, proposal.created) == ("dispatched", "authorized", True)
+    operation = Operation.objects.get()
+    assert operation.operation_id == proposal.operation_id == derive_operation_id(
+        tenant="acme", task_id=running_task.task_id, step_id="step-1", tool="payments.refund")
+    assert operation.idempotency_key == operation.operation_id
+    assert (operation.call_id, operation.risk_tier, operation.business_key) == ("call-1", 1, "ord-42")
+    assert Call.objects.get().operation == operation
+    moves = list(Event.objects.filter(entity="operation").values_list("from_status", "to_status", "actor"))
+    assert moves == [("", "planned", agent.ref), ("planned", "authorized", "system:gate")]
+    assert len(callbacks) == 1  # the dispatch, published only once this commits
+    task = running_task.task
+    assert (task.calls_used, task.writes_used, task.amount_used, task.status) == (1, 1, 30, "running")
+    assert proposal.task_version == task.version == 3  # a dispatch does not move the task
+
+
+def test_a_repeat_with_the_same_call_id_and_arguments_gets_the_same_answer(agent, running_task):
+    first = propose(agent, running_task)
+    before = rows()
+    again = propose(agent, running_task)
+    assert again.operation_id == first.operation_id
+    assert (again.decision, again.status, again.created, again.repeat) == ("dispatched", "authorized", False, True)
+    assert rows() == before
+
+
+def test_a_repeat_is_answered_before_the_version_and_token_checks(agent, running_task):
+    first = propose(agent, running_task, arguments=refund(120))  # moves the task: version + 1
+    assert running_task.version == 4
+    again = propose(agent, running_task, arguments=refund(120.0), expected_version=1, fencing_token=999)
+    assert (again.operation_id, again.decision, again.approval_id) == (
+        first.operation_id, "awaiting_approval", first.approval_id)
+    assert Operation.objects.count() == 1
+
+
+def test_the_same_call_id_with_other_arguments_is_an_intent_mismatch(agent, running_task):
+    propose(agent, running_task)
+    before = rows()
+    with pytest.raises(IntentMismatch) as exc:
+        propose(agent, running_task, arguments=refund(31))
+    assert exc.value.status == 422
+    assert rows() == before
+
+
+def test_the_same_call_id_for_another_step_is_an_intent_mismatch(agent, running_task):
+    propose(agent, running_task)
+    with pytest.raises(IntentMismatch):
+        propose(agent, running_task, step_id="step-2")
+    assert Operation.objects.count() == 1
+
+
+def test_a_regenerated_call_for_the_same_step_maps_to_the_same_operation(agent, running_task):
+    first = propose(agent, running_task, call_id="call-a")
+    second = propose(agent, running_task, call_id="call-b")
+    assert second.operation_id == first.operation_id
+    assert (second.decision, second.created, second.repeat) == ("dispatched", False, False)
+    assert Operation.objects.count() == 1
+    assert set(Call.objects.values_list("call_id", "operation_id")) == {
+        ("call-a", first.operation_id), ("call-b", first.operation_id)}
+    event = Event.objects.get(entity="call", entity_id="call-b")
+    assert event.to_status == "dispatched" and first.operation_id in event.reason
+    assert running_task.task.calls_used == 1  # one effect, one unit of budget
+
+
+def test_a_regenerated_call_is_answered_even_when_the_budget_is_spent(agent):
+    run = start_task(agent, constraints={"max_tool_calls": 1})
+    first = propose(agent, run, call_id="call-a")
+    assert propose(agent, run, call_id="call-b").operation_id == first.operation_id
+    assert run.task.status == "running"
+
+
+def test_the_same_step_with_other_arguments_is_an_intent_mismatch(agent, running_task):
+    propose(agent, running_task, call_id="call-a")
+    before = rows()
+    with pytest.raises(IntentMismatch):
+        propose(agent, running_task, call_id="call-b", arguments=refund(31))
+    assert rows() == before
+
+
+def test_a_new_call_with_a_stale_version_is_a_conflict(agent, running_task):
+    with pytest.raises(Conflict, match="expected_version"):
+        propose(agent, running_task, expected_version=running_task.version - 1)
+    assert Operation.objects.count() == 0
+
+
+def test_a_new_call_with_a_stale_fencing_token_is_a_conflict(agent, running_task):
+    with pytest.raises(Conflict, match="fencing token"):
+        propose(agent, running_task, fencing_token=running_task.fencing_token + 1)
+    assert Operation.objects.count() == 0
+
+
+def test_a_worker_whose_lease_was_taken_over_cannot_propose(agent, running_task):
+    later = timezone.now() + timedelta(hours=1)
+    lease = run_services.lease_acquire(task_id=running_task.task_id, owner="worker-2", ttl_seconds=60, now=later)
+    with pytest.raises(Conflict):
+        propose(agent, running_task)
+    assert propose(agent, running_task, fencing_token=lease.fencing_token).created
+
+
+def test_a_task_that_is_not_running_takes_no_calls(agent):
+    task = run_services.task_create(principal=agent, task_type="refund", goal="g")
+    lease = run_services.lease_acquire(task_id=task.task_id, owner="w", ttl_seconds=60)
+    with pytest.raises(Conflict, match="queued"):
+        propose(agent, RunningTask(task.task_id, lease.fencing_token))
+
+
+def test_another_tenants_task_does_not_exist(agent, outsider_agent, running_task):
+    with pytest.raises(NotFound):
+        propose(outsider_agent, running_task)
+
+
+def test_an_unknown_tool_is_invalid(agent, running_task):
+    with pytest.raises(InvalidInput, match="Unknown tool"):
+        propose(agent, running_task, tool="payments.chargeback")
+
+
+def test_invalid_arguments_write_nothing(agent, running_task):
+    before = rows()
+    with pytest.raises(InvalidInput):
+        propose(agent, running_task, arguments={"order_id": "ord-42"})
+    assert rows() == before
+
+
+def test_a_tool_the_principal_may_not_use_is_forbidden(agent, running_task, policy):
+    agent.allowed_tools.remove(policy["payments.refund"])
+    with pytest.raises(NotPermitted):
+        propose(agent, running_task)
+
+
+def test_a_call_that_needs_approval_makes_the_task_wait(agent, running_task, django_capture_on_commit_callbacks):
+    version_before = running_task.version
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        proposal = propose(agent, running_task, arguments=refund(120))
+    assert (proposal.decision, proposal.status, proposal.created) == ("awaiting_approval", "planned", True)
+    assert "amount 120 > 50 → L3" in proposal.reasons
+    task = running_task.task
+    assert (task.status, task.version) == ("waiting_approval", version_before + 1)
+    assert proposal.task_version == task.version
+    approval = ApprovalRequest.objects.get()
+    assert approval.approval_id == proposal.approval_id
+    assert approval.call_id == "call-1"
+    assert approval.operation_id == proposal.operation_id
+    assert approval.arguments_hash == arguments_hash(refund(120))
+    assert approval.state_version == task.version
+    assert approval.requested_by == agent
+    assert (approval.risk_tier, approval.approvals_needed, approval.status) == (3, 1, ApprovalStatus.PENDING)
+    assert abs((approval.expires_at - approval.created_at).total_seconds() - 3600) < 5
+    assert Event.objects.filter(entity="task", entity_id=task.task_id, to_status="waiting_approval").count() == 1
+    assert Event.objects.filter(entity="approval", entity_id=approval.approval_id, to_status="pending").count() == 1
+    assert callbacks == []  # nothing is dispatched before a person approves
+
+
+def test_a_refund_over_200_asks_for_two_approvers(agent, running_task):
+    proposal = propose(agent, running_task, arguments=refund(250))
+    assert proposal.approvals_needed == 2
+    assert ApprovalRequest.objects.get().approvals_needed == 2
+
+
+def test_a_second_call_while_waiting_keeps_the_version(agent, running_task):
+    propose(agent, running_task, arguments=refund(120))
+    waiting_version = running_task.version
+    second = propose(agent, running_task, call_id="call-2", step_id="step-2", tool="mail.send", arguments=MAIL)
+    assert second.decision == "awaiting_approval"
+    assert running_task.version == waiting_version
+    assert ApprovalRequest.objects.get(call_id="call-2").state_version == waiting_version
+
+
+def test_a_repeat_after_a_rejection_is_refused(agent, running_task, reviewer):
+    first = propose(agent, running_task, arguments=refund(120))
+    approval_services.approval_reject(approval_id=first.approval_id, reviewer=reviewer, reason="not our fault")
+    again = propose(agent, running_task, arguments=refund(120))
+    assert (again.decision, again.status) == ("refused", "rejected")
+    assert again.reasons == ("operation rejected: not our fault",)
+
+
+def test_a_repeat_after_approval_is_dispatched(agent, running_task, reviewer):
+    first = propose(agent, running_task, arguments=refund(120))
+    approval_services.approval_approve(approval_id=first.approval_id, reviewer=reviewer)
+    again = propose(agent, running_task, arguments=refund(120))
+    assert (again.decision, again.status, again.approval_id) == ("dispatched", "authorized", first.approval_id)
+
+
+def test_a_spent_budget_refuses_the_call_and_pauses_the_task(agent):
+    run = start_task(agent, constraints={"max_writes": 1})
+    propose(agent, run, call_id="call-1", step_id="step-1")
+    version = run.version
+    operations = Operation.objects.count()
+    proposal = propose(agent, run, call_id="call-2", step_id="step-2")
+    assert (proposal.decision, proposal.status, proposal.operation_id) == ("refused", "refused", None)
+    assert proposal.reasons == ("write budget spent: 1 of 1",)
+    assert Operation.objects.count() == operations
+    assert not Call.objects.filter(call_id="call-2").exists()
+    task = run.task
+    assert (task.status, task.version) == ("paused", version + 1)
+    assert proposal.task_version == task.version
+    pause = Event.objects.get(entity="task", entity_id=task.task_id, to_status="paused")
+    assert pause.evidence["budgets"] == ["max_writes"]
+    refusal = Event.objects.get(entity="call", entity_id="call-2")
+    assert refusal.to_status == "refused" and refusal.reason == "write budget spent: 1 of 1"
+    with pytest.raises(Conflict, match="paused"):
+        propose(agent, run, call_id="call-3", step_id="step-3")
+
+
+def test_a_refusal_that_is_not_a_spent_budget_leaves_the_task_running(agent):
+    run = start_task(agent, constraints={"max_amount": 100})
+    proposal = propose(agent, run, arguments=refund(150))
+    assert proposal.decision == "refused"
+    assert run.task.status == "running"
+    assert Event.objects.filter(entity="call", entity_id="call-1", to_status="refused").count() == 1
+
+
+def test_budgets_are_spent_when_the_operation_is_created(agent):
+    run = start_task(agent, constraints={"max_amount": 200})
+    propose(agent, run, call_id="c1", step_id="s1", arguments=refund(30))
+    propose(agent, run, call_id="c2", step_id="s2", arguments=refund(120))  # awaiting approval: reserved
+    propose(agent, run, call_id="c3", step_id="s3", tool="orders.lookup", arguments={"order_id": "ord-42"})
+    task = run.task
+    assert (task.calls_used, task.writes_used, task.amount_used) == (3, 2, 150)
+
+
+def test_a_business_key_template_names_the_idempotency_key(agent, running_task, policy):
+    Tool.objects.filter(name="payments.refund").update(idempotency_key_template="{tenant}:{order_id}:refund:{amount}")
+    proposal = propose(agent, running_task, arguments=refund(30.0))
+    assert Operation.objects.get(pk=proposal.operation_id).idempotency_key == "acme:ord-42:refund:30"
+
+
+def test_a_template_the_arguments_cannot_fill_is_invalid(agent, running_task, policy):
+    Tool.objects.filter(name="payments.refund").update(idempotency_key_template="{tenant}:{customer_id}")
+    with pytest.raises(InvalidInput, match="template"):
+        propose(agent, running_task)
+    assert Operation.objects.count() == 0
+
+
+def test_arguments_that_cannot_be_canonicalized_are_invalid(agent, running_task):
+    with pytest.raises(InvalidInput, match="canonicalized"):
+        propose(agent, running_task, arguments=refund(2**60))
+
+
+def test_task_counters_move_no_version(agent, running_task):
+    version = running_task.version
+    propose(agent, running_task, call_id="c1", step_id="s1")
+    propose(agent, running_task, call_id="c2", step_id="s2", expected_version=version)
+    assert Task.objects.get(pk=running_task.task_id).version == version
+
+
+def test_a_lost_race_on_a_unique_constraint_is_answered_from_the_ledger(agent, running_task, monkeypatch):
+    """If a writer got past the repeat check (the task lock should prevent it), the unique
+    constraint catches it in a savepoint and the ledger's row is the answer."""
+    first = propose(agent, running_task)
+    from ledger import proposals
+
+    real_call = proposals._call
+    misses = iter([None])
+    monkeypatch.setattr(proposals, "_call", lambda task, call_id: next(misses, None) or real_call(task, call_id))
+    monkeypatch.setattr(proposals.Operation.objects, "select_related", lambda *a: Operation.objects.none())
+    again = propose(agent, running_task)
+    assert (again.operation_id, again.repeat) == (first.operation_id, True)
+    assert (Operation.objects.count(), Call.objects.count()) == (1, 1)

@@ -1,0 +1,86 @@
+"""Races on the proposal endpoint, with real threads (one database connection each) against
+PostgreSQL, where row locks are real."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from ledger.models import Attempt, Call, Operation
+from tests.api.conftest import call_body, refund, start_task
+from tests.conftest import AGENT_TOKEN
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif("connection.vendor != 'postgresql'", reason="needs PostgreSQL row locks"),
+    pytest.mark.timeout(120),
+]
+
+
+def race(bodies: list[dict], task_id: str) -> list[tuple[int, dict]]:
+    """POST every body at once, each from its own thread and connection."""
+    start = threading.Barrier(len(bodies))
+    results: list[tuple[int, dict] | None] = [None] * len(bodies)
+
+    def worker(index: int, body: dict) -> None:
+        try:
+            client = APIClient()
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}")
+            start.wait(timeout=30)
+            response = client.post(f"/api/v1/tasks/{task_id}/calls", body, format="json")
+            results[index] = (response.status_code, response.json())
+        except Exception as exc:  # noqa: BLE001 - reported as a 500 below
+            results[index] = (500, {"exception": repr(exc)})
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(i, body)) for i, body in enumerate(bodies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert not any(thread.is_alive() for thread in threads)
+    return results  # type: ignore[return-value]
+
+
+def test_fifty_identical_proposals_at_once_make_one_operation(agent):
+    run = start_task(agent)
+    body = call_body(run)
+    results = race([body] * 50, run.task_id)
+
+    assert [status for status, _ in results if status not in (200, 201)] == []
+    assert sorted(status for status, _ in results).count(201) == 1
+    assert {answer["operation_id"] for _, answer in results} == {Operation.objects.get().operation_id}
+    assert {answer["decision"] for _, answer in results} == {"dispatched"}
+    assert Call.objects.count() == 1
+    assert Attempt.objects.count() == 0
+    assert run.task.calls_used == 1
+
+
+def test_fifty_identical_proposals_that_need_approval_make_one_approval(agent):
+    run = start_task(agent)
+    body = call_body(run, arguments=refund(120))
+    results = race([body] * 50, run.task_id)
+
+    assert sorted(status for status, _ in results) == [200] * 49 + [201]
+    assert len({answer["approval_id"] for _, answer in results}) == 1
+    assert Operation.objects.count() == 1
+    assert run.task.status == "waiting_approval"
+
+
+def test_twenty_proposals_with_one_call_id_and_other_arguments_make_one_operation(agent):
+    run = start_task(agent)
+    bodies = [call_body(run, arguments=refund(10 + i)) for i in range(20)]
+    results = race(bodies, run.task_id)
+
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [201] + [422] * 19
+    assert {answer["error"]["code"] for status, answer in results if status == 422} == {"intent_mismatch"}
+    operation = Operation.objects.get()
+    winner = next(answer for status, answer in results if status == 201)
+    assert operation.operation_id == winner["operation_id"]
+    assert Call.objects.count() == 1
