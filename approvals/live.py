@@ -1,0 +1,131 @@
+"""Live streams of the reviewer console (registered from `ApprovalsConfig.ready`).
+
+- "inbox" (`/ws/live/inbox/<filters>/`): a new pending request matching the page's filters is
+  inserted at the top of `#inbox-rows` (page 1 only); a request that is decided, expired or
+  otherwise closed replaces its row (`#approval-<id>`, outerHTML) showing its new status; the
+  per-tier counts are re-rendered.
+- "approval" (`/ws/live/approval/<approval_id>/`): the detail page's status, operation status
+  and decisions follow the request and its operation.
+
+`arg` carries what the page shows: for the inbox, its filters and page number, base64url-encoded
+(a path segment cannot hold `/` or `?`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from urllib.parse import parse_qs, urlencode
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.template.loader import render_to_string
+
+from approvals import selectors
+from approvals.models import ApprovalRequest
+from approvals.selectors import InboxFilters
+from console import live
+
+INBOX_ROWS_ID = "inbox-rows"
+
+
+def encode_inbox_arg(filters: InboxFilters, page: int = 1) -> str:
+    params = {k: v for k, v in (("q", filters.q), ("tool", filters.tool), ("task_type", filters.task_type),
+                                ("age", filters.age)) if v}
+    if filters.tier is not None:
+        params["tier"] = str(filters.tier)
+    if page != 1:
+        params["page"] = str(page)
+    if not params:
+        return "all"
+    return base64.urlsafe_b64encode(urlencode(sorted(params.items())).encode()).decode().rstrip("=")
+
+
+def decode_inbox_arg(arg: str) -> tuple[InboxFilters, int]:
+    if not arg or arg == "all":
+        return InboxFilters(), 1
+    try:
+        raw = base64.urlsafe_b64decode(arg + "=" * (-len(arg) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return InboxFilters(), 1
+    params = {k: v[0] for k, v in parse_qs(raw).items()}
+    try:
+        tier = int(params["tier"]) if "tier" in params else None
+        page = max(1, int(params.get("page", "1")))
+    except ValueError:
+        tier, page = None, 1
+    return InboxFilters(q=params.get("q", ""), tool=params.get("tool", ""), tier=tier,
+                        task_type=params.get("task_type", ""), age=params.get("age", "")), page
+
+
+def _approval_ids(events: Sequence) -> list[str]:
+    seen: dict[str, None] = {}
+    for event in events:
+        if event.entity == ApprovalRequest.EVENT_ENTITY:
+            seen.setdefault(event.entity_id, None)
+    return list(seen)
+
+
+def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
+    from approvals.views import decorate_rows
+
+    ids = _approval_ids(events)
+    if not ids:
+        return ""
+    scope = selectors.reviewer_scope(user)
+    filters, page = decode_inbox_arg(arg)
+    rows = selectors.inbox_rows_by_id(user, scope, ids)
+    decorate_rows(rows.values(), scope)
+    matching = set(
+        selectors.apply_filters(ApprovalRequest.objects.filter(approval_id__in=list(rows)), filters)
+        .values_list("approval_id", flat=True)
+    )
+    inserted, replaced = [], []
+    # Newest first, so that several arrivals in one batch end up in arrival order at the top.
+    for approval_id in reversed(ids):
+        row = rows.get(approval_id)
+        if row is None:
+            continue
+        if row.is_open:
+            if page == 1 and approval_id in matching:
+                inserted.append(row)
+        else:
+            replaced.append(row)
+    parts = [
+        render_to_string("approvals/_inbox_row.html", {"row": row, "oob": "replace"}) for row in replaced
+    ]
+    if inserted:
+        parts.append(render_to_string("approvals/_inbox_rows_oob.html", {"rows": list(reversed(inserted))}))
+    counts = selectors.tier_counts(scope)
+    parts.append(render_to_string("approvals/_tier_counts.html", {
+        "counts": counts, "total": sum(counts.values()), "oob": True, "max_tier": scope.highest_tier(),
+    }))
+    return "".join(parts)
+
+
+def render_approval(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
+    from approvals.views import review_context
+
+    scope = selectors.reviewer_scope(user)
+    approval = selectors.approval_for_user(user, scope, arg)
+    if approval is None:
+        return ""
+    relevant = [
+        e for e in events
+        if (e.entity == ApprovalRequest.EVENT_ENTITY and e.entity_id == approval.approval_id)
+        or (e.entity == "operation" and e.entity_id == approval.operation_id)
+    ]
+    if not relevant:
+        return ""
+    context = review_context(user, scope, approval)
+    context["oob"] = True
+    # The decision forms are re-rendered only once the request is closed, so that a reason
+    # being typed is not wiped by someone else's first of two approvals.
+    context["replace_panel"] = not context["approval"].is_open
+    return render_to_string("approvals/_review_oob.html", context)
+
+
+live.register(live.Stream(name="inbox", entities=(ApprovalRequest.EVENT_ENTITY,), render=render_inbox,
+                          roles=selectors.VIEWER_ROLES))
+live.register(live.Stream(name="approval", entities=(ApprovalRequest.EVENT_ENTITY, "operation"),
+                          render=render_approval, roles=selectors.VIEWER_ROLES))

@@ -1,0 +1,222 @@
+"""Reads for the reviewer console: the inbox and one approval request with its context.
+
+Every query here is scoped to the tenants in which the user is a reviewer; the number of queries
+does not grow with the number of rows (select_related and subquery annotations).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import (
+    Count,
+    Exists,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
+from console.models import Membership, Role
+from ledger.models import Operation
+
+A = ApprovalStatus
+
+# Who may look at approval requests (and open the live streams about them).
+VIEWER_ROLES = (Role.REVIEWER, Role.ADMIN)
+
+AGE_WINDOWS: dict[str, tuple[timedelta | None, timedelta | None]] = {
+    # key: (newer than, older than)
+    "15m": (timedelta(minutes=15), None),
+    "1h": (timedelta(hours=1), None),
+    "24h": (timedelta(hours=24), None),
+    "older": (None, timedelta(hours=24)),
+}
+
+
+@dataclass(frozen=True)
+class InboxFilters:
+    q: str = ""
+    tool: str = ""
+    tier: int | None = None
+    task_type: str = ""
+    age: str = ""
+
+    def is_empty(self) -> bool:
+        return not (self.q or self.tool or self.tier is not None or self.task_type or self.age)
+
+
+@dataclass
+class ReviewerScope:
+    """The tenants a user may see approvals in, and the highest tier they may decide in each
+    (None: may look, may not decide — e.g. an admin who is not a reviewer there)."""
+
+    tenant_ids: set[int] = field(default_factory=set)
+    max_tier: dict[int, int | None] = field(default_factory=dict)
+
+    def can_decide_tier(self, tenant_id: int, tier: int) -> bool:
+        limit = self.max_tier.get(tenant_id)
+        return limit is not None and tier <= limit
+
+    def highest_tier(self) -> int | None:
+        tiers = [t for t in self.max_tier.values() if t is not None]
+        return max(tiers) if tiers else None
+
+
+def reviewer_scope(user: AbstractBaseUser) -> ReviewerScope:
+    """One query: the user's viewer memberships with their tiers."""
+    scope = ReviewerScope()
+    if not user.is_authenticated or not user.is_active:
+        return scope
+    rows = Membership.objects.filter(user=user, role__in=VIEWER_ROLES).values_list("tenant_id", "role", "max_tier")
+    for tenant_id, role, max_tier in rows:
+        scope.tenant_ids.add(tenant_id)
+        current = scope.max_tier.get(tenant_id)
+        if role == Role.REVIEWER and max_tier is not None:
+            scope.max_tier[tenant_id] = max_tier if current is None else max(current, max_tier)
+        else:
+            scope.max_tier.setdefault(tenant_id, None)
+    return scope
+
+
+def _annotated(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySet[ApprovalRequest]:
+    approvals_given = (
+        ApprovalDecision.objects.filter(request=OuterRef("pk"), verdict=ApprovalDecision.Verdict.APPROVE)
+        .order_by()
+        .values("request")
+        .annotate(n=Count("id"))
+        .values("n")[:1]
+    )
+    return qs.select_related("operation__tool", "task", "tenant").annotate(
+        approvals_given=Coalesce(Subquery(approvals_given, output_field=IntegerField()), Value(0)),
+        decided_by_me=Exists(ApprovalDecision.objects.filter(request=OuterRef("pk"), reviewer_id=user.pk)),
+    )
+
+
+def pending_in_scope(scope: ReviewerScope, *, now=None) -> QuerySet[ApprovalRequest]:
+    now = now or timezone.now()
+    return ApprovalRequest.objects.filter(
+        tenant_id__in=scope.tenant_ids, status=A.PENDING, expires_at__gt=now
+    )
+
+
+def apply_filters(qs: QuerySet[ApprovalRequest], filters: InboxFilters, *, now=None) -> QuerySet[ApprovalRequest]:
+    now = now or timezone.now()
+    if filters.q:
+        q = filters.q.strip()
+        qs = qs.filter(
+            Q(call_id__icontains=q) | Q(operation__operation_id__icontains=q) | Q(task__task_id__icontains=q)
+            | Q(approval_id__icontains=q)
+        )
+    if filters.tool:
+        qs = qs.filter(operation__tool__name=filters.tool)
+    if filters.tier is not None:
+        qs = qs.filter(risk_tier=filters.tier)
+    if filters.task_type:
+        qs = qs.filter(task__task_type=filters.task_type)
+    if filters.age in AGE_WINDOWS:
+        newer_than, older_than = AGE_WINDOWS[filters.age]
+        if newer_than is not None:
+            qs = qs.filter(created_at__gte=now - newer_than)
+        if older_than is not None:
+            qs = qs.filter(created_at__lt=now - older_than)
+    return qs
+
+
+def inbox(user: AbstractBaseUser, scope: ReviewerScope, filters: InboxFilters) -> QuerySet[ApprovalRequest]:
+    """Pending, unexpired requests in the user's tenants, most urgent (soonest expiry) first.
+    Higher tiers than the user may decide are included; the page marks them."""
+    now = timezone.now()
+    qs = apply_filters(pending_in_scope(scope, now=now), filters, now=now)
+    return _annotated(qs, user).order_by("expires_at", "created_at", "approval_id")
+
+
+def inbox_rows_by_id(user: AbstractBaseUser, scope: ReviewerScope, approval_ids: list[str]) -> dict[str, ApprovalRequest]:
+    """The given requests (any status) as inbox rows, for the live stream."""
+    qs = ApprovalRequest.objects.filter(approval_id__in=approval_ids, tenant_id__in=scope.tenant_ids)
+    return {row.approval_id: row for row in _annotated(qs, user)}
+
+
+def tier_counts(scope: ReviewerScope) -> dict[int, int]:
+    """Pending requests per tier, L0..L4 (zeros included)."""
+    rows = pending_in_scope(scope).order_by().values("risk_tier").annotate(n=Count("pk"))
+    counts = {tier: 0 for tier in range(5)}
+    for row in rows:
+        counts[row["risk_tier"]] = row["n"]
+    return counts
+
+
+def filter_choices(scope: ReviewerScope) -> dict[str, list[str]]:
+    """Every tool, and the task types that appear among pending requests (two small queries)."""
+    pending = pending_in_scope(scope).order_by()
+    tools = list(Tool.objects.order_by("name").values_list("name", flat=True))
+    task_types = sorted(set(pending.values_list("task__task_type", flat=True).distinct()))
+    return {"tools": tools, "task_types": task_types}
+
+
+def approval_for_user(user: AbstractBaseUser, scope: ReviewerScope, approval_id: str) -> ApprovalRequest | None:
+    qs = ApprovalRequest.objects.filter(approval_id=approval_id, tenant_id__in=scope.tenant_ids)
+    qs = _annotated(qs, user).select_related("requested_by", "operation__step")
+    return qs.first()
+
+
+def decisions_for_operation(operation_id: str) -> list[ApprovalDecision]:
+    """Every decision on any approval request for this operation (earlier requests included),
+    oldest first."""
+    return list(
+        ApprovalDecision.objects.filter(request__operation_id=operation_id)
+        .select_related("reviewer", "request")
+        .order_by("created_at", "id")
+    )
+
+
+def operation_status(operation_id: str) -> Operation | None:
+    return Operation.objects.filter(operation_id=operation_id).select_related("tool").first()
+
+
+# ----------------------------------------------------------------------------- presentation
+
+MASK = "••••••••"
+
+
+def display_value(value: Any) -> tuple[str, bool]:
+    """A value as a person reads it: (text, is_block). Scalars and lists of scalars inline,
+    anything nested as indented JSON."""
+    if isinstance(value, str):
+        return value, "\n" in value
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value), False
+    if isinstance(value, int | float):
+        return str(value), False
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        return ", ".join(str(v) for v in value), False
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True), True
+
+
+def masked_arguments(arguments: dict[str, Any], secret_fields: list[str]) -> list[dict[str, Any]]:
+    """Arguments for display; the values of secret fields never leave the server."""
+    secret = set(secret_fields or [])
+    rows = []
+    for name, value in (arguments or {}).items():
+        if name in secret:
+            rows.append({"name": name, "text": MASK, "block": False, "masked": True})
+        else:
+            text, block = display_value(value)
+            rows.append({"name": name, "text": text, "block": block, "masked": False})
+    return rows
+
+
+def masked_preview(preview: dict[str, Any] | None, secret_fields: list[str]) -> dict[str, Any] | None:
+    if preview is None:
+        return None
+    secret = set(secret_fields or [])
+    return {k: (MASK if k in secret else v) for k, v in preview.items()}

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from approvals import views
+
+app_name = "approvals"
+
+urlpatterns = [
+    path("", views.inbox, name="inbox"),
+    path("<str:approval_id>/", views.detail, name="detail"),
+    path("<str:approval_id>/approve/", views.approve, name="approve"),
+    path("<str:approval_id>/reject/", views.reject, name="reject"),
+]

@@ -1,0 +1,270 @@
+"""The reviewer console: the inbox, one request, and the two decisions.
+
+The rules (tenant, maximum tier, two distinct approvers for L4, expiry, already decided, the
+arguments a reviewer saw) live in `approvals.services`; these views only call them and map their
+domain errors to HTTP statuses.
+
+Inbox decision: requests above the reviewer's maximum tier are listed too, marked "needs L4
+reviewer", so nobody wonders where they went, but they carry no decision controls (the detail
+page explains instead). Decisions are made on the detail page only, where the arguments, the
+preview and the task contract are in view; the form carries the arguments hash the reviewer saw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST
+
+from approvals import selectors
+from approvals import services as approval_services
+from approvals.forms import ApproveForm, InboxFilterForm, RejectForm
+from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.selectors import ReviewerScope
+from console import live as console_live
+from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
+from ledger.adapters import get_adapter
+
+A = ApprovalStatus
+PAGE_SIZE = 25
+
+# The one mapping from domain errors to HTTP statuses for these pages.
+ERROR_STATUS: dict[type[DomainError], int] = {
+    InvalidInput: 400,
+    NotPermitted: 403,
+    NotFound: 404,
+    Conflict: 409,
+}
+
+
+def error_status(exc: DomainError) -> int:
+    for cls, status in ERROR_STATUS.items():
+        if isinstance(exc, cls):
+            return status
+    return exc.status
+
+
+def _wants_fragment(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request
+
+
+def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None = None) -> ApprovalRequest:
+    """404 unless the request is in one of the user's reviewer (or admin) tenants: an outsider
+    learns nothing, not even that the ID exists."""
+    scope = scope or selectors.reviewer_scope(user)
+    approval = selectors.approval_for_user(user, scope, approval_id)
+    if approval is None:
+        raise Http404("No such approval request.")
+    return approval
+
+
+def decorate_rows(rows, scope: ReviewerScope) -> list[ApprovalRequest]:
+    """Per-row flags for the templates: may this user decide it, and what else it needs."""
+    now = timezone.now()
+    out = []
+    for row in rows:
+        row.can_decide_tier = scope.can_decide_tier(row.tenant_id, row.risk_tier)
+        row.is_open = row.status == A.PENDING and row.expires_at > now
+        out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------------- inbox
+
+
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    scope = selectors.reviewer_scope(request.user)
+    choices = selectors.filter_choices(scope)
+    form = InboxFilterForm(request.GET or None, tools=choices["tools"], task_types=choices["task_types"])
+    filters = form.filters()
+    # The cursor is read before the rows: a request created in between is then both listed and
+    # sent by the stream (the page de-duplicates by row id) rather than missed.
+    last_event_id = console_live.latest_event_id()
+    paginator = Paginator(selectors.inbox(request.user, scope, filters), PAGE_SIZE)
+    page = paginator.get_page(request.GET.get("page"))
+    rows = decorate_rows(page.object_list, scope)
+
+    from approvals.live import encode_inbox_arg
+
+    counts = selectors.tier_counts(scope)
+    query = request.GET.copy()
+    query.pop("page", None)
+    context: dict[str, Any] = {
+        "active_nav": "approvals",
+        "form": form,
+        "filters": filters,
+        "page": page,
+        "rows": rows,
+        "counts": counts,
+        "total": sum(counts.values()),
+        "max_tier": scope.highest_tier(),
+        "query": query.urlencode(),
+        "last_event_id": last_event_id,
+        "live_arg": encode_inbox_arg(filters, page.number),
+    }
+    template = "approvals/inbox.html#results" if _wants_fragment(request) else "approvals/inbox.html"
+    response = render(request, template, context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# ---------------------------------------------------------------------------------- detail
+
+
+def review_context(user, scope: ReviewerScope, approval: ApprovalRequest) -> dict[str, Any]:
+    """Everything the side panel (status, decision forms, earlier decisions) shows; also used
+    by the live stream to re-render it."""
+    operation = approval.operation
+    decorate_rows([approval], scope)
+    limit = scope.max_tier.get(approval.tenant_id)
+    needs_higher = not approval.can_decide_tier
+    can_decide = approval.is_open and not needs_higher and not approval.decided_by_me
+    return {
+        "approval": approval,
+        "operation": operation,
+        "decisions": selectors.decisions_for_operation(operation.operation_id),
+        "can_decide": can_decide,
+        "needs_higher": needs_higher,
+        "reviewer_limit": limit,
+        "is_expired": approval.status == A.PENDING and approval.expires_at <= timezone.now(),
+    }
+
+
+def _preview(approval: ApprovalRequest) -> dict[str, Any] | None:
+    tool = approval.operation.tool
+    if not tool.has_preview:
+        return None
+    try:
+        preview = get_adapter(tool.adapter).preview(approval.operation.arguments)
+    except LookupError:
+        return None
+    preview = selectors.masked_preview(preview, tool.secret_fields)
+    if preview and isinstance(preview.get("to"), list):
+        preview["to"] = ", ".join(str(a) for a in preview["to"])
+    return preview
+
+
+def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: ApprovalRequest, *,
+                    approve_form: ApproveForm | None = None, reject_form: RejectForm | None = None,
+                    error: str = "", error_field: str = "") -> dict[str, Any]:
+    operation = approval.operation
+    task = approval.task
+    tool = operation.tool
+    context = review_context(request.user, scope, approval)
+    context.update({
+        "active_nav": "approvals",
+        "task": task,
+        "tool": tool,
+        "arguments": selectors.masked_arguments(operation.arguments, tool.secret_fields),
+        "preview": _preview(approval),
+        "constraints": [(k, *selectors.display_value(v)) for k, v in (task.constraints or {}).items()],
+        "success_criteria": [
+            selectors.display_value(c)[0]
+            for c in (task.success_criteria if isinstance(task.success_criteria, list) else [task.success_criteria])
+        ],
+        "inputs": selectors.display_value(task.inputs)[0] if task.inputs else "",
+        "version_moved": task.version != approval.state_version,
+        "approve_form": approve_form or ApproveForm(initial={"arguments_hash": approval.arguments_hash}),
+        "reject_form": reject_form or RejectForm(),
+        "error": error,
+        "error_field": error_field,
+        "last_event_id": console_live.latest_event_id(),
+    })
+    return context
+
+
+@login_required
+def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
+    scope = selectors.reviewer_scope(request.user)
+    approval = _get_approval_for_user(request.user, approval_id, scope)
+    return render(request, "approvals/detail.html", _detail_context(request, scope, approval))
+
+
+# ------------------------------------------------------------------------------- decisions
+
+
+def _conflict_message(approval: ApprovalRequest, exc: DomainError) -> str:
+    """"Already approved by senior at 12:03" rather than a bare status."""
+    if approval.status == A.PENDING:
+        if approval.expires_at <= timezone.now():
+            return "This request has expired; it can no longer be decided."
+        return exc.message
+    decisions = [d for d in selectors.decisions_for_operation(approval.operation_id) if d.request_id == approval.pk]
+    verdict = {A.APPROVED: "approve", A.REJECTED: "reject"}.get(approval.status)
+    names = [d.reviewer.get_username() for d in decisions if d.verdict == verdict]
+    when = timezone.localtime(approval.decided_at).strftime("%H:%M:%S") if approval.decided_at else ""
+    if names:
+        return f"Already {approval.status} by {' and '.join(names)}" + (f" at {when} UTC." if when else ".")
+    return f"This request is already {approval.status}."
+
+
+def _after_decision(request: HttpRequest, approval_id: str, *, status: int = 200,
+                    approve_form: ApproveForm | None = None, reject_form: RejectForm | None = None,
+                    error: str = "", error_field: str = "") -> HttpResponse:
+    scope = selectors.reviewer_scope(request.user)
+    approval = _get_approval_for_user(request.user, approval_id, scope)
+    context = _detail_context(request, scope, approval, approve_form=approve_form, reject_form=reject_form,
+                              error=error, error_field=error_field)
+    template = "approvals/detail.html#review" if _wants_fragment(request) else "approvals/detail.html"
+    return render(request, template, context, status=status)
+
+
+def _domain_error(request: HttpRequest, approval_id: str, exc: DomainError, **forms) -> HttpResponse:
+    if isinstance(exc, NotFound):
+        raise Http404(exc.message)
+    message = exc.message
+    if isinstance(exc, Conflict):
+        approval = ApprovalRequest.objects.filter(pk=approval_id).first()
+        if approval is not None:
+            message = _conflict_message(approval, exc)
+    field = exc.details.get("field", "") if isinstance(exc, InvalidInput) else ""
+    return _after_decision(request, approval_id, status=error_status(exc), error=message, error_field=field, **forms)
+
+
+@login_required
+@require_POST
+def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
+    _get_approval_for_user(request.user, approval_id)
+    form = ApproveForm(request.POST)
+    form.is_valid()
+    data = getattr(form, "cleaned_data", {})
+    try:
+        approval_services.approval_approve(
+            approval_id=approval_id, reviewer=request.user, reason=(data.get("reason") or "").strip(),
+            arguments_hash=data.get("arguments_hash") or None,
+        )
+    except DomainError as exc:
+        return _domain_error(request, approval_id, exc, approve_form=form)
+    if _wants_fragment(request):
+        return _after_decision(request, approval_id)
+    messages.success(request, "Your approval is recorded.")
+    return redirect(reverse("approvals:detail", args=[approval_id]))
+
+
+@login_required
+@require_POST
+def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
+    _get_approval_for_user(request.user, approval_id)
+    form = RejectForm(request.POST)
+    form.is_valid()
+    data = getattr(form, "cleaned_data", {})
+    try:
+        approval_services.approval_reject(
+            approval_id=approval_id, reviewer=request.user, reason=(data.get("reason") or "").strip(),
+        )
+    except DomainError as exc:
+        return _domain_error(request, approval_id, exc, reject_form=form)
+    if _wants_fragment(request):
+        return _after_decision(request, approval_id)
+    messages.success(request, "The request is rejected.")
+    return redirect(reverse("approvals:detail", args=[approval_id]))

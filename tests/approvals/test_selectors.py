@@ -1,0 +1,123 @@
+"""The reviewer console's reads: scope, inbox order and filters, per-row annotations, display."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals import selectors
+from approvals import services as approval_services
+from approvals.models import ApprovalRequest
+from approvals.selectors import InboxFilters
+from console.models import Membership, Role
+from tests.conftest import make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_scope_holds_the_tenants_and_tier_of_a_reviewer(reviewer, tenant, other_tenant):
+    scope = selectors.reviewer_scope(reviewer)
+    assert scope.tenant_ids == {tenant.id}
+    assert scope.max_tier == {tenant.id: 3}
+    assert scope.can_decide_tier(tenant.id, 3)
+    assert not scope.can_decide_tier(tenant.id, 4)
+    assert not scope.can_decide_tier(other_tenant.id, 0)
+
+
+def test_support_staff_have_no_inbox_and_an_admin_may_look_but_not_decide(support_user, tenant):
+    assert selectors.reviewer_scope(support_user).tenant_ids == set()
+    admin = make_user("tenant-admin", tenant, Role.ADMIN)
+    scope = selectors.reviewer_scope(admin)
+    assert scope.tenant_ids == {tenant.id}
+    assert not scope.can_decide_tier(tenant.id, 0)
+
+
+def test_an_inactive_reviewer_has_no_scope(reviewer):
+    reviewer.is_active = False
+    reviewer.save()
+    assert selectors.reviewer_scope(reviewer).tenant_ids == set()
+
+
+def test_the_inbox_holds_only_pending_unexpired_requests_soonest_expiry_first(reviewer, make_approval):
+    later = make_approval(ttl_seconds=3000)
+    sooner = make_approval(ttl_seconds=60)
+    decided = make_approval()
+    approval_services.approval_reject(approval_id=decided.approval_id, reviewer=reviewer, reason="no")
+    lapsed = make_approval()
+    ApprovalRequest.objects.filter(pk=lapsed.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    scope = selectors.reviewer_scope(reviewer)
+    rows = list(selectors.inbox(reviewer, scope, InboxFilters()))
+    assert [r.approval_id for r in rows] == [sooner.approval_id, later.approval_id]
+
+
+def test_the_inbox_excludes_other_tenants(reviewer, make_approval, outsider_agent):
+    from tests.approvals.conftest import create_pending_approval
+
+    mine = make_approval()
+    create_pending_approval(outsider_agent)
+    scope = selectors.reviewer_scope(reviewer)
+    assert [r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilters())] == [mine.approval_id]
+
+
+def test_rows_carry_the_approvals_given_and_whether_i_decided(senior, senior2, make_approval):
+    l4 = make_approval(risk_tier=4)
+    approval_services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    row_for_senior = selectors.inbox(senior, selectors.reviewer_scope(senior), InboxFilters()).get()
+    row_for_senior2 = selectors.inbox(senior2, selectors.reviewer_scope(senior2), InboxFilters()).get()
+    assert (row_for_senior.approvals_given, row_for_senior.decided_by_me) == (1, True)
+    assert (row_for_senior2.approvals_given, row_for_senior2.decided_by_me) == (1, False)
+
+
+def test_the_age_filter_splits_new_from_old(reviewer, make_approval):
+    new = make_approval()
+    old = make_approval(ttl_seconds=3 * 86400)
+    ApprovalRequest.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=2))
+    scope = selectors.reviewer_scope(reviewer)
+
+    def ids(age):
+        return {r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilters(age=age))}
+
+    assert ids("1h") == {new.approval_id}
+    assert ids("older") == {old.approval_id}
+
+
+def test_tier_counts_cover_every_tier(reviewer, make_approval):
+    make_approval(risk_tier=2, tool_name="mail.send")
+    make_approval(risk_tier=4)
+    make_approval(risk_tier=4)
+    assert selectors.tier_counts(selectors.reviewer_scope(reviewer)) == {0: 0, 1: 0, 2: 1, 3: 0, 4: 2}
+
+
+def test_rows_by_id_show_decided_requests_too_but_never_another_tenants(reviewer, make_approval, outsider_agent):
+    from tests.approvals.conftest import create_pending_approval
+
+    mine = make_approval()
+    approval_services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
+    theirs = create_pending_approval(outsider_agent)
+    rows = selectors.inbox_rows_by_id(reviewer, selectors.reviewer_scope(reviewer),
+                                      [mine.approval_id, theirs.approval_id])
+    assert set(rows) == {mine.approval_id}
+    assert rows[mine.approval_id].status == "approved"
+
+
+def test_secret_arguments_are_masked_and_values_read_as_text():
+    rows = selectors.masked_arguments(
+        {"to": ["a@example.com", "b@example.com"], "token": "s3cret", "meta": {"x": 1}, "n": 5, "ok": True},
+        ["token"],
+    )
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["token"] == {"name": "token", "text": selectors.MASK, "block": False, "masked": True}
+    assert by_name["to"]["text"] == "a@example.com, b@example.com"
+    assert by_name["meta"]["block"] and '"x": 1' in by_name["meta"]["text"]
+    assert (by_name["n"]["text"], by_name["ok"]["text"]) == ("5", "true")
+    assert selectors.masked_preview({"body": "s3cret", "to": "a"}, ["body"]) == {"body": selectors.MASK, "to": "a"}
+
+
+def test_a_reviewer_in_two_tenants_keeps_each_tenants_tier(reviewer, tenant, other_tenant):
+    Membership.objects.create(user=reviewer, tenant=other_tenant, role=Role.REVIEWER, max_tier=4)
+    scope = selectors.reviewer_scope(reviewer)
+    assert scope.max_tier == {tenant.id: 3, other_tenant.id: 4}
+    assert scope.highest_tier() == 4

@@ -1,0 +1,399 @@
+"""The reviewer console's pages and decisions, through the Django test client."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from approvals.live import encode_inbox_arg, render_approval, render_inbox
+from approvals.models import ApprovalDecision, ApprovalRequest
+from approvals.selectors import InboxFilters
+from ledger.models import Event, Operation
+
+pytestmark = pytest.mark.django_db
+
+
+def inbox_url(**params) -> str:
+    from urllib.parse import urlencode
+
+    return reverse("approvals:inbox") + (f"?{urlencode(params)}" if params else "")
+
+
+def detail_url(approval: ApprovalRequest) -> str:
+    return reverse("approvals:detail", args=[approval.approval_id])
+
+
+def approve_url(approval: ApprovalRequest) -> str:
+    return reverse("approvals:approve", args=[approval.approval_id])
+
+
+def reject_url(approval: ApprovalRequest) -> str:
+    return reverse("approvals:reject", args=[approval.approval_id])
+
+
+def fresh(approval: ApprovalRequest) -> tuple[ApprovalRequest, Operation]:
+    approval = ApprovalRequest.objects.get(pk=approval.pk)
+    return approval, Operation.objects.get(pk=approval.operation_id)
+
+
+@pytest.fixture
+def mine(make_approval):
+    return make_approval(risk_tier=3)
+
+
+@pytest.fixture
+def theirs(outsider_agent):
+    from tests.approvals.conftest import create_pending_approval
+
+    return create_pending_approval(outsider_agent, risk_tier=2)
+
+
+# ------------------------------------------------------------------------------------ inbox
+
+
+def test_anonymous_visitors_are_sent_to_the_login_page(client, mine):
+    for url in (inbox_url(), detail_url(mine)):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("login"))
+    response = client.post(approve_url(mine))
+    assert response.status_code == 302
+    assert fresh(mine)[0].status == "pending"
+
+
+def test_a_reviewer_sees_only_their_tenants_requests(client, reviewer, mine, theirs):
+    client.force_login(reviewer)
+    response = client.get(inbox_url())
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert f'id="approval-{mine.approval_id}"' in body
+    assert theirs.approval_id not in body
+    assert response.context["active_nav"] == "approvals"
+
+
+def test_the_inbox_lists_the_most_urgent_request_first(client, reviewer, make_approval):
+    later = make_approval(ttl_seconds=3600)
+    sooner = make_approval(ttl_seconds=120)
+    client.force_login(reviewer)
+    rows = client.get(inbox_url()).context["rows"]
+    assert [r.approval_id for r in rows] == [sooner.approval_id, later.approval_id]
+
+
+def test_higher_tiers_are_listed_but_marked_and_without_a_review_button(client, reviewer, make_approval):
+    l4 = make_approval(risk_tier=4)
+    client.force_login(reviewer)
+    body = client.get(inbox_url()).content.decode()
+    row = body[body.index(f'id="approval-{l4.approval_id}"'):]
+    row = row[:row.index("</tr>")]
+    assert "needs L4 reviewer" in row
+    assert ">Review<" not in row
+    assert ">View<" in row
+
+
+def test_filters_and_search_narrow_the_list(client, reviewer, make_approval):
+    refund = make_approval(risk_tier=3, call_id="call-refund-abc")
+    mail = make_approval(tool_name="mail.send", risk_tier=2, task_type="notify", call_id="call-mail-xyz")
+    client.force_login(reviewer)
+
+    def ids(**params):
+        return {r.approval_id for r in client.get(inbox_url(**params)).context["rows"]}
+
+    assert ids() == {refund.approval_id, mail.approval_id}
+    assert ids(tool="mail.send") == {mail.approval_id}
+    assert ids(tier=3) == {refund.approval_id}
+    assert ids(task_type="notify") == {mail.approval_id}
+    assert ids(q="refund-abc") == {refund.approval_id}
+    assert ids(q=mail.operation_id) == {mail.approval_id}
+    assert ids(q=refund.task_id) == {refund.approval_id}
+    assert ids(age="15m") == {refund.approval_id, mail.approval_id}
+    assert ids(age="older") == set()
+    # a stale or hand-made value is ignored, not an error
+    assert ids(tier="L9") == {refund.approval_id, mail.approval_id}
+
+
+def test_an_htmx_request_gets_only_the_table_fragment(client, reviewer, mine):
+    client.force_login(reviewer)
+    response = client.get(inbox_url(tool="payments.refund"), HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<div id="inbox-results"')
+    assert "<html" not in body
+    assert f'id="approval-{mine.approval_id}"' in body
+    assert "HX-Request" in response["Vary"]
+
+
+def test_the_inbox_counts_pending_requests_per_tier(client, reviewer, make_approval):
+    make_approval(risk_tier=3)
+    make_approval(risk_tier=3)
+    make_approval(risk_tier=4)
+    client.force_login(reviewer)
+    counts = client.get(inbox_url()).context["counts"]
+    assert counts == {0: 0, 1: 0, 2: 0, 3: 2, 4: 1}
+
+
+def test_the_inbox_paginates(client, reviewer, make_approval):
+    for _ in range(27):
+        make_approval()
+    client.force_login(reviewer)
+    first = client.get(inbox_url())
+    assert len(first.context["rows"]) == 25
+    second = client.get(inbox_url(page=2))
+    assert len(second.context["rows"]) == 2
+
+
+@pytest.mark.parametrize("n", [3, 30])
+def test_the_inbox_query_count_does_not_grow_with_rows(client, reviewer, make_approval, n,
+                                                       django_assert_max_num_queries):
+    for i in range(n):
+        approval = make_approval(risk_tier=3 + (i % 2))
+        if i % 3 == 0 and approval.risk_tier == 4:
+            ApprovalDecision.objects.create(request=approval, reviewer=reviewer, verdict="approve",
+                                            arguments_hash=approval.arguments_hash)
+    client.force_login(reviewer)
+    with django_assert_max_num_queries(10):
+        response = client.get(inbox_url())
+    assert response.status_code == 200
+    assert len(response.context["rows"]) == min(n, 25)
+
+
+def test_the_detail_query_count_does_not_grow_with_decisions(client, senior, senior2, make_approval,
+                                                             django_assert_max_num_queries):
+    approval = make_approval(risk_tier=4)
+    client.force_login(senior)
+    client.post(approve_url(approval), {"reason": "ok"})
+    with django_assert_max_num_queries(7):
+        response = client.get(detail_url(approval))
+    assert response.status_code == 200
+
+
+# ----------------------------------------------------------------------------------- detail
+
+
+def test_an_outsider_gets_404_on_another_tenants_request(client, outsider, mine):
+    client.force_login(outsider)
+    assert client.get(detail_url(mine)).status_code == 404
+    assert client.post(approve_url(mine)).status_code == 404
+    assert client.post(reject_url(mine), {"reason": "no"}).status_code == 404
+    assert fresh(mine)[0].status == "pending"
+
+
+def test_an_unknown_id_is_404(client, reviewer):
+    client.force_login(reviewer)
+    assert client.get(reverse("approvals:detail", args=["apr_nope"])).status_code == 404
+
+
+def test_the_detail_shows_the_call_the_contract_and_why(client, reviewer, mine):
+    client.force_login(reviewer)
+    response = client.get(detail_url(mine))
+    body = response.content.decode()
+    assert response.status_code == 200
+    for text in (mine.call_id, mine.operation_id, "payments.refund", "amount &gt; 50", "Refund the damaged order",
+                 "refund confirmed by the provider", "max_amount", "ord-1001", mine.arguments_hash):
+        assert text in body, text
+    assert 'ws-connect="/ws/live/approval/' + mine.approval_id + '/"' in body
+    assert "data-countdown" in body
+    assert 'id="approve-button"' in body
+
+
+def test_secret_arguments_are_masked(client, reviewer, make_approval, policy):
+    tool = policy["payments.refund"]
+    tool.secret_fields = ["reason"]
+    tool.save()
+    approval = make_approval(arguments={"order_id": "ord-7", "amount": 80, "currency": "EUR",
+                                        "reason": "card 4242-4242"})
+    client.force_login(reviewer)
+    body = client.get(detail_url(approval)).content.decode()
+    assert "4242-4242" not in body
+    assert "••••••••" in body
+
+
+def test_a_mail_call_shows_the_email_as_it_will_be_sent(client, reviewer, make_approval):
+    approval = make_approval(tool_name="mail.send", risk_tier=2)
+    client.force_login(reviewer)
+    body = client.get(detail_url(approval)).content.decode()
+    assert "The email as it will be sent" in body
+    assert "customer@example.com" in body
+    assert "Your refund" in body
+
+
+def test_the_detail_warns_when_the_task_version_moved(client, reviewer, mine):
+    from runs.models import Task
+
+    Task.objects.filter(pk=mine.task_id).update(version=mine.state_version + 2)
+    client.force_login(reviewer)
+    body = client.get(detail_url(mine)).content.decode()
+    assert 'id="version-warning"' in body
+    assert f"version {mine.state_version} when the agent asked" in body
+
+
+def test_an_l3_reviewer_sees_an_l4_request_without_decision_controls(client, reviewer, make_approval):
+    l4 = make_approval(risk_tier=4)
+    client.force_login(reviewer)
+    body = client.get(detail_url(l4)).content.decode()
+    assert 'id="needs-higher"' in body
+    assert 'id="approve-button"' not in body
+
+
+# -------------------------------------------------------------------------------- decisions
+
+
+def test_approving_moves_the_request_to_approved_and_the_operation_to_authorized(client, reviewer, mine):
+    client.force_login(reviewer)
+    response = client.post(approve_url(mine), {"reason": "looks right", "arguments_hash": mine.arguments_hash})
+    assert response.status_code == 302
+    approval, operation = fresh(mine)
+    assert approval.status == "approved"
+    assert operation.status == "authorized"
+    decision = ApprovalDecision.objects.get(request=approval)
+    assert (decision.reviewer, decision.verdict, decision.reason) == (reviewer, "approve", "looks right")
+    assert Event.objects.filter(entity="approval", entity_id=mine.approval_id, to_status="approved").exists()
+
+
+def test_an_htmx_approval_returns_the_review_panel(client, reviewer, mine):
+    client.force_login(reviewer)
+    response = client.post(approve_url(mine), {"arguments_hash": mine.arguments_hash}, HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<div id="review"')
+    assert 'badge--approved' in body
+    assert 'badge--authorized' in body
+
+
+def test_rejecting_without_a_reason_is_400_and_changes_nothing(client, reviewer, mine):
+    client.force_login(reviewer)
+    events = Event.objects.count()
+    for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+        response = client.post(reject_url(mine), {"reason": "   "}, **headers)
+        assert response.status_code == 400
+        assert "A rejection needs a reason." in response.content.decode()
+        assert 'aria-invalid="true"' in response.content.decode()
+    approval, operation = fresh(mine)
+    assert (approval.status, operation.status) == ("pending", "planned")
+    assert not ApprovalDecision.objects.exists()
+    assert Event.objects.count() == events
+
+
+def test_rejecting_with_a_reason_rejects_the_request_and_the_operation(client, reviewer, mine):
+    client.force_login(reviewer)
+    response = client.post(reject_url(mine), {"reason": "wrong order"})
+    assert response.status_code == 302
+    approval, operation = fresh(mine)
+    assert (approval.status, operation.status) == ("rejected", "rejected")
+
+
+def test_an_l3_reviewer_posting_approve_on_an_l4_request_gets_403_and_changes_nothing(client, reviewer,
+                                                                                      make_approval):
+    l4 = make_approval(risk_tier=4)
+    client.force_login(reviewer)
+    events = Event.objects.count()
+    response = client.post(approve_url(l4), {"arguments_hash": l4.arguments_hash})
+    assert response.status_code == 403
+    assert "you may approve up to L3" in response.content.decode()
+    assert client.post(reject_url(l4), {"reason": "no"}).status_code == 403
+    approval, operation = fresh(l4)
+    assert (approval.status, operation.status) == ("pending", "planned")
+    assert not ApprovalDecision.objects.exists()
+    assert Event.objects.count() == events
+
+
+def test_an_l4_request_needs_two_distinct_seniors(client, senior, senior2, make_approval):
+    l4 = make_approval(risk_tier=4)
+    client.force_login(senior)
+    assert client.post(approve_url(l4), {"arguments_hash": l4.arguments_hash}).status_code == 302
+    approval, operation = fresh(l4)
+    assert (approval.status, operation.status) == ("pending", "planned")
+
+    again = client.post(approve_url(l4), {"arguments_hash": l4.arguments_hash})
+    assert again.status_code == 409
+    assert "second approver" in again.content.decode()
+    assert fresh(l4)[0].status == "pending"
+
+    client.force_login(senior2)
+    assert client.post(approve_url(l4), {"arguments_hash": l4.arguments_hash}).status_code == 302
+    approval, operation = fresh(l4)
+    assert (approval.status, operation.status) == ("approved", "authorized")
+    assert set(approval.decisions.values_list("reviewer__username", flat=True)) == {"senior", "senior2"}
+
+
+def test_deciding_an_already_decided_request_says_who_decided(client, reviewer, senior, mine):
+    client.force_login(senior)
+    client.post(approve_url(mine), {"arguments_hash": mine.arguments_hash})
+    client.force_login(reviewer)
+    response = client.post(reject_url(mine), {"reason": "too late"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 409
+    assert "Already approved by senior" in response.content.decode()
+    assert fresh(mine)[0].status == "approved"
+
+
+def test_approving_other_arguments_than_shown_is_409(client, reviewer, mine):
+    client.force_login(reviewer)
+    response = client.post(approve_url(mine), {"arguments_hash": "0" * 64})
+    assert response.status_code == 409
+    assert fresh(mine)[0].status == "pending"
+
+
+def test_an_expired_request_cannot_be_approved(client, reviewer, mine):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ApprovalRequest.objects.filter(pk=mine.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    client.force_login(reviewer)
+    response = client.post(approve_url(mine))
+    assert response.status_code == 409
+    assert "expired" in response.content.decode()
+    assert fresh(mine)[1].status == "planned"
+
+
+def test_decisions_are_post_only(client, reviewer, mine):
+    client.force_login(reviewer)
+    assert client.get(approve_url(mine)).status_code == 405
+    assert client.get(reject_url(mine)).status_code == 405
+
+
+# ------------------------------------------------------------------------------------- live
+
+
+def _events_for(approval: ApprovalRequest) -> list[Event]:
+    return list(Event.objects.filter(entity="approval", entity_id=approval.approval_id).order_by("id"))
+
+
+def test_the_inbox_stream_inserts_a_new_pending_request_out_of_band(reviewer, mine):
+    html = render_inbox(reviewer, _events_for(mine), "all")
+    assert '<tbody hx-swap-oob="afterbegin:#inbox-rows">' in html
+    assert f'<tr id="approval-{mine.approval_id}"' in html
+    assert 'id="inbox-counts" aria-label="Pending requests per tier" hx-swap-oob="true"' in html
+
+
+def test_the_inbox_stream_replaces_a_decided_request_with_its_new_status(reviewer, mine):
+    from approvals import services
+
+    services.approval_reject(approval_id=mine.approval_id, reviewer=reviewer, reason="no")
+    html = render_inbox(reviewer, _events_for(mine), "all")
+    assert "afterbegin" not in html
+    row = html[html.index(f'<tr id="approval-{mine.approval_id}"'):]
+    row = row[:row.index(">")]
+    assert 'hx-swap-oob="outerHTML"' in row
+    assert "badge--rejected" in html
+
+
+def test_the_inbox_stream_respects_the_pages_filters(reviewer, mine):
+    assert "afterbegin" not in render_inbox(reviewer, _events_for(mine), encode_inbox_arg(InboxFilters(tool="mail.send")))
+    assert "afterbegin" in render_inbox(reviewer, _events_for(mine), encode_inbox_arg(InboxFilters(tool="payments.refund")))
+    assert "afterbegin" not in render_inbox(reviewer, _events_for(mine), encode_inbox_arg(InboxFilters(), page=2))
+
+
+def test_the_inbox_stream_shows_nothing_of_another_tenant(reviewer, theirs):
+    assert theirs.approval_id not in render_inbox(reviewer, _events_for(theirs), "all")
+
+
+def test_the_approval_stream_follows_the_operation_status(reviewer, mine):
+    from approvals import services
+
+    services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
+    events = list(Event.objects.order_by("id"))
+    html = render_approval(reviewer, events, mine.approval_id)
+    assert 'id="approval-status-card"' in html and 'hx-swap-oob="true"' in html
+    assert "badge--authorized" in html
+    assert 'id="decision-panel"' in html  # closed: the forms go
+    assert render_approval(reviewer, events, "apr_other") == ""

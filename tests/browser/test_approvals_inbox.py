@@ -1,0 +1,240 @@
+"""The reviewer console in headless Chromium.
+
+The live part needs websockets, so it runs against uvicorn (ASGI) started here on a free port
+against the test database; the rest uses pytest-django's WSGI `live_server`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from django.db import connection
+from playwright.sync_api import Page, expect
+
+from approvals import services as approval_services
+from approvals.models import ApprovalRequest
+from ledger.models import Operation
+from tests.approvals.conftest import create_pending_approval
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_DEADLINE_SECONDS = 30
+
+
+def _test_database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "postgresql":
+        auth = quote(s.get("USER") or "", safe="")
+        if s.get("PASSWORD"):
+            auth += ":" + quote(s["PASSWORD"], safe="")
+        host = s.get("HOST") or "127.0.0.1"
+        port = s.get("PORT") or 5432
+        return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
+    return f"sqlite:///{s['NAME']}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def asgi_server(transactional_db) -> Iterator[str]:
+    """uvicorn serving console.asgi against the test database; yields its base URL."""
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DATABASE_URL": _test_database_url(),
+        "CELERY_BROKER_URL": "memory://",
+        "LIVE_POLL_SECONDS": "0.1",
+    })
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=REPO_ROOT, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("uvicorn did not answer /healthz in time")
+            try:
+                # Waits on the process, not on the clock: returns at once if it died.
+                code = proc.wait(timeout=0.1)
+                raise AssertionError(f"uvicorn exited with {code} before it answered /healthz")
+            except subprocess.TimeoutExpired:
+                pass
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def make_approval(agent):
+    def factory(**kwargs):
+        return create_pending_approval(agent, **kwargs)
+
+    return factory
+
+
+def log_in(page: Page, base: str, username: str) -> None:
+    page.goto(f"{base}/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+    expect(page.locator(".usermenu__name")).to_have_text(username)
+
+
+def test_a_new_request_appears_live_and_is_approved_from_the_keyboard(asgi_server, page, screenshot,
+                                                                      reviewer, agent, make_approval):
+    older = make_approval(risk_tier=2, tool_name="mail.send", task_type="notify")
+    make_approval(risk_tier=4, ttl_seconds=7200)
+    log_in(page, asgi_server, "reviewer")
+    page.goto(f"{asgi_server}/approvals/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
+    expect(page.locator(f"#approval-{older.approval_id}")).to_be_visible()
+
+    # Committed by the test, outside any request: only the live stream can bring it.
+    fresh = create_pending_approval(agent, risk_tier=3, ttl_seconds=600, call_id="call-live-0001")
+    row = page.locator(f"#approval-{fresh.approval_id}")
+    expect(row).to_be_visible()
+    expect(row).to_contain_text("call-live-0001")
+    expect(page.locator("#inbox-counts [data-tier='3'] .tier-count__n")).to_have_text("1")
+    # The new row went to the top of the table.
+    expect(page.locator("#inbox-rows tr").first).to_have_id(f"approval-{fresh.approval_id}")
+    expect(row.locator("time[data-countdown]")).to_have_class(re.compile(r"\bcountdown\b"))
+    screenshot(page, "approvals-inbox")
+
+    # A request decided elsewhere changes its row in place, without a reload.
+    approval_services.approval_reject(approval_id=older.approval_id, reviewer=reviewer, reason="not needed")
+    decided = page.locator(f"#approval-{older.approval_id}")
+    expect(decided.locator(".badge--rejected")).to_have_text("rejected")
+    expect(decided.locator("a.btn--primary")).to_have_count(0)
+    expect(page.locator("#inbox-total")).to_have_text("2")
+    screenshot(page, "approvals-inbox-after-live-decision")
+
+    page.keyboard.press("j")
+    expect(row).to_have_class(re.compile(r"\bis-selected\b"))
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{asgi_server}/approvals/{fresh.approval_id}/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
+    expect(page.locator("#approve-button")).to_be_visible()
+    screenshot(page, "approvals-detail")
+
+    page.keyboard.press("a")
+    expect(page.locator("#approval-status .badge")).to_have_text("approved")
+    expect(page.locator("#operation-status .badge")).to_have_text("authorized")
+    fresh.refresh_from_db()
+    assert fresh.status == "approved"
+    assert Operation.objects.get(pk=fresh.operation_id).status == "authorized"
+    screenshot(page, "approvals-detail-approved")
+
+
+def test_a_rejection_without_a_reason_is_refused_with_a_visible_message(live_server, page, screenshot,
+                                                                          reviewer, make_approval):
+    approval = make_approval(risk_tier=3)
+    log_in(page, live_server.url, "reviewer")
+    page.goto(f"{live_server.url}/approvals/{approval.approval_id}/")
+    page.keyboard.press("r")
+    expect(page.locator("#reject-reason")).to_be_focused()
+    page.click("#reject-button")
+    error = page.locator("#reject-reason-error")
+    expect(error).to_be_visible()
+    expect(error).to_have_text("A rejection needs a reason.")
+    expect(page.locator("#reject-reason")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#reject-reason")).to_be_focused()
+    screenshot(page, "approvals-detail-reject-refused")
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert ApprovalRequest.objects.get(pk=approval.pk).decisions.count() == 0
+
+    page.fill("#reject-reason", "Wrong order number")
+    page.click("#reject-button")
+    expect(page.locator("#approval-status .badge")).to_have_text("rejected")
+
+
+def test_filters_swap_the_table_and_update_the_address(live_server, page, screenshot, reviewer, make_approval):
+    refund = make_approval(risk_tier=3)
+    mail = make_approval(tool_name="mail.send", risk_tier=2, task_type="notify")
+    log_in(page, live_server.url, "reviewer")
+    page.goto(f"{live_server.url}/approvals/")
+    expect(page.locator(f"#approval-{refund.approval_id}")).to_be_visible()
+    page.select_option("#id_tool", "mail.send")
+    expect(page.locator(f"#approval-{refund.approval_id}")).to_have_count(0)
+    expect(page.locator(f"#approval-{mail.approval_id}")).to_be_visible()
+    expect(page).to_have_url(re.compile(r"tool=mail\.send"))
+    page.keyboard.press("/")
+    expect(page.locator("#id_q")).to_be_focused()
+
+    page.goto(f"{live_server.url}/approvals/{mail.approval_id}/")
+    preview = page.locator("#preview")
+    expect(preview).to_contain_text("The email as it will be sent")
+    expect(preview).to_contain_text("customer@example.com")
+    screenshot(page, "approvals-detail-mail")
+
+
+def test_the_detail_page_follows_a_decision_made_elsewhere(asgi_server, page, screenshot, reviewer, senior,
+                                                           make_approval):
+    l4 = make_approval(risk_tier=4)
+    log_in(page, asgi_server, "reviewer")
+    page.goto(f"{asgi_server}/approvals/{l4.approval_id}/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
+    expect(page.locator("#needs-higher")).to_contain_text("needs an L4 reviewer")
+    expect(page.locator("#approve-button")).to_have_count(0)
+    screenshot(page, "approvals-detail-needs-l4")
+
+    approval_services.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first of two")
+    expect(page.locator("#approval-status")).to_contain_text("1 of 2 approvals")
+    expect(page.locator("#decisions")).to_contain_text("senior approved")
+    approval_services.approval_reject(approval_id=l4.approval_id, reviewer=make_senior2(), reason="amount wrong")
+    expect(page.locator("#approval-status .badge")).to_have_text("rejected")
+    expect(page.locator("#operation-status .badge")).to_have_text("rejected")
+    expect(page.locator("#decision-panel")).to_contain_text("nothing left to decide")
+
+
+def make_senior2():
+    from console.models import Role, Tenant
+    from tests.conftest import make_user
+
+    return make_user("senior2", Tenant.objects.get(slug="acme"), Role.REVIEWER, max_tier=4)
+
+
+def test_the_inbox_fits_a_phone(live_server, new_page, screenshot, reviewer, make_approval):
+    make_approval(risk_tier=3)
+    make_approval(risk_tier=4)
+    page = new_page(viewport=(390, 844))
+    log_in(page, live_server.url, "reviewer")
+    page.goto(f"{live_server.url}/approvals/")
+    # Nothing in the page's content but the table's own scroller is wider than the screen
+    # (the shared top bar is the shell's business).
+    wide = page.evaluate("""() => [...document.querySelectorAll('#main *')]
+        .filter(e => e.getBoundingClientRect().right > 391)
+        .filter(e => !e.closest('.table-wrap'))
+        .map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
+    assert wide == []
+    screenshot(page, "approvals-inbox-phone")
