@@ -1,0 +1,255 @@
+"""The support console: the queue of operations waiting for a person, one operation, and the
+actions on it (query the provider, confirm, declare safe to retry, mark failed, escalate,
+require compensation).
+
+The rules (who may act, the evidence each action needs, exactly one action counts) live in
+`ledger.support`; these views parse the form, call one service, and map its domain errors to
+HTTP statuses. Every form works without JavaScript (POST, then redirect); the page follows the
+operation live over the "operation" stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST
+
+from console import live as console_live
+from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
+from ledger import support
+from ledger import support_selectors as selectors
+from ledger.forms import ConfirmForm, EscalateForm, QueueFilterForm, ReasonForm
+from ledger.models import Operation
+
+PAGE_SIZE = 25
+
+ERROR_STATUS: dict[type[DomainError], int] = {
+    InvalidInput: 400,
+    NotPermitted: 403,
+    NotFound: 404,
+    support.ProviderDenied: 422,
+    Conflict: 409,
+}
+
+
+def error_status(exc: DomainError) -> int:
+    for cls, status in ERROR_STATUS.items():
+        if isinstance(exc, cls):
+            return status
+    return exc.status
+
+
+def _wants_fragment(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request
+
+
+def _get_operation_for_user(user, operation_id: str) -> Operation:
+    """404 unless the operation is in one of the user's tenants (support, reviewer or admin)."""
+    try:
+        return support.operation_for_viewer(operation_id=operation_id, user=user)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+
+
+# ----------------------------------------------------------------------------------- queue
+
+
+def queue_context(request: HttpRequest) -> dict[str, Any]:
+    user = request.user
+    form = QueueFilterForm(request.GET or None, tools=selectors.tool_choices(user))
+    filters = form.filters()
+    # The cursor is read before the rows: an operation arriving in between is both listed and
+    # sent by the stream (fragments replace by element id) rather than missed.
+    last_event_id = console_live.latest_event_id()
+    paginator = Paginator(selectors.queue(user, filters), PAGE_SIZE)
+    page = paginator.get_page(request.GET.get("page"))
+    counts = selectors.status_counts(user)
+    query = request.GET.copy()
+    query.pop("page", None)
+    from ledger.live import encode_queue_arg
+
+    return {
+        "active_nav": "unknown",
+        "form": form,
+        "filters": filters,
+        "page": page,
+        "rows": list(page.object_list),
+        "counts": counts,
+        "total": sum(counts.values()),
+        "figures": selectors.figures(user, counts),
+        "query": query.urlencode(),
+        "last_event_id": last_event_id,
+        "live_arg": encode_queue_arg(filters, last_page=not page.has_next()),
+    }
+
+
+@login_required
+def unknown(request: HttpRequest) -> HttpResponse:
+    if not selectors.viewer_tenant_ids(request.user):
+        raise Http404("No tenant in which you may see operations.")
+    context = queue_context(request)
+    template = "ledger/unknown.html#results" if _wants_fragment(request) else "ledger/unknown.html"
+    response = render(request, template, context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# ---------------------------------------------------------------------------------- detail
+
+
+def _task_url(task_id: str) -> str:
+    try:
+        return reverse("runs:detail", args=[task_id])
+    except NoReverseMatch:
+        return ""
+
+
+def live_detail_context(user, operation: Operation) -> dict[str, Any]:
+    """What the live stream re-renders: status, provider answers, evidence, timeline."""
+    operation.refresh_from_db()
+    answers = selectors.provider_answers(operation)
+    return {
+        "operation": operation,
+        "is_resolvable": operation.status in support.RESOLVABLE,
+        "can_act": support.can_act(user, operation.tenant_id),
+        "answers": answers,
+        "evidence": support.no_effect_evidence(operation, answers[0] if answers else None),
+        "timeline": selectors.timeline(operation),
+        "attempts": selectors.attempts(operation),
+        "assignee": selectors.assignee_of(operation),
+        "resolved_by": None if operation.status in support.RESOLVABLE else support.resolved_by(operation.operation_id),
+        # The evidence panel (re-rendered live) carries the retry and fail forms.
+        "retry_form": ReasonForm(prefix="retry"),
+        "fail_form": ReasonForm(prefix="fail"),
+    }
+
+
+def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[str, Any] | None = None,
+                    error: str = "", error_action: str = "") -> dict[str, Any]:
+    staff = [u.get_username() for u in support.support_staff_of(operation.tenant_id)]
+    forms = forms or {}
+    context = live_detail_context(request.user, operation)
+    context.update({
+        "active_nav": "unknown",
+        "task": operation.task,
+        "task_url": _task_url(operation.task_id),
+        "tool": operation.tool,
+        "approvals": selectors.approvals_of(operation),
+        "confirm_form": forms.get("confirm") or ConfirmForm(),
+        "retry_form": forms.get("retry") or ReasonForm(prefix="retry"),
+        "fail_form": forms.get("fail") or ReasonForm(prefix="fail"),
+        "escalate_form": forms.get("escalate") or EscalateForm(staff=staff),
+        "compensate_form": forms.get("compensate") or ReasonForm(prefix="compensate"),
+        "error": error,
+        "error_action": error_action,
+        "last_event_id": console_live.latest_event_id(),
+    })
+    return context
+
+
+@login_required
+def detail(request: HttpRequest, operation_id: str) -> HttpResponse:
+    operation = _get_operation_for_user(request.user, operation_id)
+    return render(request, "ledger/detail.html", _detail_context(request, operation))
+
+
+# --------------------------------------------------------------------------------- actions
+
+
+@login_required
+@require_POST
+def query_provider(request: HttpRequest, operation_id: str) -> HttpResponse:
+    _get_operation_for_user(request.user, operation_id)
+    try:
+        support.support_request_provider_query(operation_id=operation_id, user=request.user)
+    except DomainError as exc:
+        return _action_failed(request, operation_id, exc, action="query")
+    if _wants_fragment(request):
+        return render(request, "ledger/detail.html#query_status", {"asked": True})
+    messages.info(request, "The provider is being asked; its answer appears on this page.")
+    return redirect(reverse("operations:detail", args=[operation_id]))
+
+
+def _action_failed(request: HttpRequest, operation_id: str, exc: DomainError, *, action: str,
+                   form=None) -> HttpResponse:
+    if isinstance(exc, NotFound):
+        raise Http404(exc.message)
+    operation = _get_operation_for_user(request.user, operation_id)
+    context = _detail_context(request, operation, forms={action: form} if form is not None else None,
+                              error=exc.message, error_action=action)
+    return render(request, "ledger/detail.html", context, status=error_status(exc))
+
+
+def _run_action(request: HttpRequest, operation_id: str, *, action: str, form, call, done: str) -> HttpResponse:
+    """Validate the form, call the one service, redirect (or show the page with the error)."""
+    operation = _get_operation_for_user(request.user, operation_id)
+    if not support.can_act(request.user, operation.tenant_id):
+        return _action_failed(request, operation_id, NotPermitted(
+            "You may look at this operation but not act on it: that needs the support role."), action=action)
+    if not form.is_valid():
+        first = next(iter(form.errors.values()))[0]
+        return _action_failed(request, operation_id, InvalidInput(first), action=action, form=form)
+    try:
+        call(form.cleaned_data)
+    except DomainError as exc:
+        return _action_failed(request, operation_id, exc, action=action, form=form)
+    messages.success(request, done)
+    return redirect(reverse("operations:detail", args=[operation_id]))
+
+
+@login_required
+@require_POST
+def confirm(request: HttpRequest, operation_id: str) -> HttpResponse:
+    return _run_action(
+        request, operation_id, action="confirm", form=ConfirmForm(request.POST), done="Confirmed with the receipt.",
+        call=lambda d: support.support_confirm(operation_id=operation_id, user=request.user,
+                                               remote_id=d["remote_id"], reason=d["reason"]))
+
+
+@login_required
+@require_POST
+def retry(request: HttpRequest, operation_id: str) -> HttpResponse:
+    return _run_action(
+        request, operation_id, action="retry", form=ReasonForm(request.POST, prefix="retry"),
+        done="Declared safe to retry: the dispatch is queued with the same operation ID and key.",
+        call=lambda d: support.support_mark_retry_safe(operation_id=operation_id, user=request.user,
+                                                       reason=d["reason"]))
+
+
+@login_required
+@require_POST
+def fail(request: HttpRequest, operation_id: str) -> HttpResponse:
+    return _run_action(
+        request, operation_id, action="fail", form=ReasonForm(request.POST, prefix="fail"),
+        done="Marked failed: the provider has no effect.",
+        call=lambda d: support.support_fail(operation_id=operation_id, user=request.user, reason=d["reason"]))
+
+
+@login_required
+@require_POST
+def escalate(request: HttpRequest, operation_id: str) -> HttpResponse:
+    operation = _get_operation_for_user(request.user, operation_id)
+    staff = [u.get_username() for u in support.support_staff_of(operation.tenant_id)]
+    return _run_action(
+        request, operation_id, action="escalate", form=EscalateForm(request.POST, staff=staff),
+        done="Escalated.",
+        call=lambda d: support.support_escalate(operation_id=operation_id, user=request.user,
+                                                assignee=d["assignee"], reason=d["reason"]))
+
+
+@login_required
+@require_POST
+def compensate(request: HttpRequest, operation_id: str) -> HttpResponse:
+    return _run_action(
+        request, operation_id, action="compensate", form=ReasonForm(request.POST, prefix="compensate"),
+        done="Marked as needing compensation.",
+        call=lambda d: support.support_require_compensation(operation_id=operation_id, user=request.user,
+                                                            reason=d["reason"]))

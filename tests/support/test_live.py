@@ -1,0 +1,91 @@
+"""The live streams' fragments: what a page receives when an operation enters, moves within or
+leaves the queue, and when the provider answers on the detail page."""
+
+from __future__ import annotations
+
+import pytest
+
+from console import live
+from ledger import services as ledger_services
+from ledger.live import decode_queue_arg, encode_queue_arg, render_operation, render_unknown
+from ledger.models import Event, OperationStatus
+from ledger.support_selectors import QueueFilters
+from ledger.tasks import query_provider
+from tests.support.conftest import make_operation, make_unknown
+
+S = OperationStatus
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+
+
+def events_since(event_id: int) -> list[Event]:
+    return list(Event.objects.filter(id__gt=event_id).order_by("id"))
+
+
+def test_an_operation_that_becomes_unknown_is_appended_to_the_queue(agent, support_user):
+    operation = make_operation(agent, status=S.AUTHORIZED)
+    cursor = live.latest_event_id()
+    make_unknown(operation)
+    html = render_unknown(support_user, events_since(cursor), "all")
+    # Any stale copy goes, then the row is appended; table fragments come before the rest.
+    assert html.index(f'hx-swap-oob="delete:#op-{operation.operation_id}"') < html.index(
+        'hx-swap-oob="beforeend:#unknown-rows"')
+    assert f'<tr id="op-{operation.operation_id}"' in html
+    assert html.index("</tbody>") < html.index('id="queue-summary"')
+    assert 'hx-swap-oob="true"' in html  # the counts and figures
+
+
+def test_an_operation_that_leaves_the_queue_is_deleted(agent, support_user):
+    operation = make_operation(agent)
+    cursor = live.latest_event_id()
+    ledger_services.operation_require_compensation(operation_id=operation.operation_id, actor="system:test",
+                                                   reason="x")
+    moved = render_unknown(support_user, events_since(cursor), "all")
+    assert f'id="op-{operation.operation_id}-status" class="queue-row__status" hx-swap-oob="true"' in moved
+    assert "delete:" not in moved  # still in the queue: updated in place
+
+    other = make_operation(agent)
+    cursor = live.latest_event_id()
+    ledger_services.operation_confirm(operation_id=other.operation_id, receipt={"remote_id": "re_1"},
+                                      actor="system:reconciler", reason="found")
+    html = render_unknown(support_user, events_since(cursor), "all")
+    assert f'<tbody hx-swap-oob="delete:#op-{other.operation_id}"></tbody>' in html
+    assert "<tr" not in html
+
+
+def test_a_new_operation_outside_the_pages_filters_or_tenants_is_not_inserted(agent, outsider_agent, support_user):
+    operation = make_operation(agent, status=S.AUTHORIZED)
+    theirs = make_operation(outsider_agent, status=S.AUTHORIZED)
+    cursor = live.latest_event_id()
+    make_unknown(operation)
+    make_unknown(theirs)
+    events = events_since(cursor)
+    filtered = render_unknown(support_user, events, encode_queue_arg(QueueFilters(tool="mail.send")))
+    assert "<tr" not in filtered
+    not_last_page = render_unknown(support_user, events, encode_queue_arg(QueueFilters(), last_page=False))
+    assert "<tr" not in not_last_page
+    html = render_unknown(support_user, events, "all")
+    assert theirs.operation_id not in html
+
+
+def test_the_queue_arg_round_trips_filters():
+    filters = QueueFilters(status="manual", tool="mail.send", q="call 1/2")
+    assert decode_queue_arg(encode_queue_arg(filters, last_page=False)) == (filters, False)
+    assert decode_queue_arg("all") == (QueueFilters(), True)
+    assert decode_queue_arg("%%%") == (QueueFilters(), True)
+
+
+def test_the_detail_stream_shows_the_providers_answer(agent, support_user, payments):
+    operation = make_operation(agent)
+    cursor = live.latest_event_id()
+    query_provider(operation.operation_id, "user:support")
+    html = render_operation(support_user, events_since(cursor), operation.operation_id)
+    assert '<div id="op-provider" hx-swap-oob="true">' in html
+    assert "answer__state" in html and ">absent<" in html
+    assert 'id="op-evidence"' in html
+    assert render_operation(support_user, events_since(cursor), "op_other") == ""
+
+
+def test_the_detail_stream_tells_an_outsider_nothing(agent, outsider):
+    operation = make_operation(agent)
+    events = list(Event.objects.filter(entity_id=operation.operation_id))
+    assert render_operation(outsider, events, operation.operation_id) == ""
