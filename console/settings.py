@@ -236,6 +236,20 @@ OTEL_ENABLED = env_bool("OTEL_ENABLED", False)
 OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "countersign")
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 
+# --- Email (notifications to reviewers and support staff) --------------------------------------
+# Embedded mode writes each message to a file under var/mail, so nothing leaves the machine.
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.filebased.EmailBackend" if EMBEDDED else "django.core.mail.backends.smtp.EmailBackend",
+)
+EMAIL_FILE_PATH = str(VAR_DIR / "mail")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "countersign@localhost")
+
 # Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
