@@ -96,8 +96,9 @@ def _claim(operation_id: str, *, worker: str):
         if reopen:
             return Deferred("circuit_open", (reopen - now).total_seconds())
         # Mutual exclusion: two operations on one business object (one order's refunds) never
-        # run at once, and a tenant has a bounded number in flight.
-        lock_name(f"tenant:{operation.tenant_id}")
+        # run at once. The tenant's in-flight limit is a load guard, not a safety property: it
+        # is counted without a lock (concurrent claimers may overshoot it by their number)
+        # rather than serializing every dispatch of a tenant.
         if operation.business_key:
             lock_name(f"business:{tool.name}:{operation.business_key}")
             # An operation in doubt (unknown) may still have happened: it blocks its business key too.

@@ -168,6 +168,8 @@ class Attempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["operation", "number"], name="attempt_unique_number"),
         ]
+        # The circuit breaker and the retry budget read only the last minute of attempts.
+        indexes = [models.Index(fields=["started_at"], name="attempt_started_idx")]
         ordering = ["operation", "number"]
 
     def __str__(self) -> str:

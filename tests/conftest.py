@@ -109,3 +109,9 @@ def asgi_server(django_db_setup, django_db_blocker):
     server = AsgiServer().start()
     yield server
     server.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Browser tests run last: Playwright's sync API keeps an event loop running in the main
+    thread for the rest of the session, after which `async_to_sync` refuses to run there."""
+    items.sort(key=lambda item: "/tests/browser/" in str(item.path))

@@ -86,5 +86,9 @@ def transition(
             reason=reason,
             evidence=evidence,
         )
-    obj.refresh_from_db(fields=list(values))
+    if any(hasattr(value, "resolve_expression") for value in values.values()):
+        obj.refresh_from_db(fields=list(values))  # F() expressions: read what the database computed
+    else:
+        for field, value in values.items():
+            setattr(obj, field, value)
     return True

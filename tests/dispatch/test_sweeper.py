@@ -180,6 +180,6 @@ def test_a_sweep_with_nothing_to_do_changes_nothing(agent, tools):
 
     counts = run_sweep(now=timezone.now() + timedelta(days=1))
 
-    assert counts == {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0}
+    assert counts == {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0, "verify": 0}
     assert status_story(confirmed) == story
     assert attempts_of(confirmed)[0].fact == Fact.KNOWN_SUCCESS
