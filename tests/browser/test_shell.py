@@ -47,3 +47,13 @@ def test_an_anonymous_visitor_is_sent_to_the_login_page(live_server, page, scree
     page.goto(live_server.url + "/dashboard/")
     expect(page).to_have_url(live_server.url + "/accounts/login/?next=/dashboard/")
     screenshot(page, "login")
+
+
+def test_the_shell_fits_a_phone_without_sideways_scrolling(live_server, new_page, screenshot, tenant):
+    make_user("phone", tenant, Role.REVIEWER, Role.SUPPORT, max_tier=4, is_staff=True)
+    page = new_page(viewport=(390, 800))
+    log_in(page, live_server.url, "phone")
+    for path in ("/dashboard/", "/runs/"):
+        page.goto(live_server.url + path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390, path
+    screenshot(page, "runs-phone", full_page=False)
