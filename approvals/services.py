@@ -109,10 +109,14 @@ def approval_reject(*, approval_id: str, reviewer: AbstractBaseUser, reason: str
         raise InvalidInput("A rejection needs a reason.", details={"field": "reason"})
     with transaction.atomic():
         request = _pending_for_reviewer(approval_id, reviewer)
-        ApprovalDecision.objects.create(
-            request=request, reviewer=reviewer, verdict=ApprovalDecision.Verdict.REJECT,
-            reason=reason, arguments_hash=request.arguments_hash,
-        )
+        try:
+            with transaction.atomic():
+                ApprovalDecision.objects.create(
+                    request=request, reviewer=reviewer, verdict=ApprovalDecision.Verdict.REJECT,
+                    reason=reason, arguments_hash=request.arguments_hash,
+                )
+        except IntegrityError as exc:
+            raise Conflict("You have already decided on this request.") from exc
         transition(request, to=A.REJECTED, actor=user_ref(reviewer), reason=reason,
                    changes={"decided_at": timezone.now()})
         ledger_services.operation_reject(
@@ -121,9 +125,16 @@ def approval_reject(*, approval_id: str, reviewer: AbstractBaseUser, reason: str
     return request
 
 
+def _locked_request(approval_id: str) -> ApprovalRequest:
+    request = ApprovalRequest.objects.select_for_update().filter(approval_id=approval_id).first()
+    if request is None:
+        raise NotFound(f"No approval request {approval_id}.")
+    return request
+
+
 def _close(approval_id: str, *, to: str, actor: str, reason: str, operation_verb) -> ApprovalRequest:
     with transaction.atomic():
-        request = ApprovalRequest.objects.select_for_update().get(approval_id=approval_id)
+        request = _locked_request(approval_id)
         if transition(request, to=to, actor=actor, reason=reason):
             operation = Operation.objects.get(pk=request.operation_id)
             if operation.status in (OperationStatus.PLANNED, OperationStatus.AUTHORIZED):
@@ -146,6 +157,6 @@ def approval_invalidate(*, approval_id: str, actor: str, reason: str) -> Approva
 def approval_consume(*, approval_id: str, actor: str) -> ApprovalRequest:
     """The dispatcher used the approval: it cannot authorize anything again."""
     with transaction.atomic():
-        request = ApprovalRequest.objects.select_for_update().get(approval_id=approval_id)
+        request = _locked_request(approval_id)
         transition(request, to=A.CONSUMED, actor=actor, reason="dispatched")
     return request

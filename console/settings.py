@@ -224,7 +224,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Sandbox providers and demo -------------------------------------------------------------
-PORT = env_int("PORT", 8000, minimum=1, maximum=65533)
+PORT = env_int("PORT", 8000, minimum=1, maximum=65532)  # the sandboxes take PORT+1..+3
 SANDBOX_PAYMENTS_URL = env_str("SANDBOX_PAYMENTS_URL", f"http://127.0.0.1:{PORT + 1}")
 SANDBOX_MAIL_URL = env_str("SANDBOX_MAIL_URL", f"http://127.0.0.1:{PORT + 2}")
 SANDBOX_MAIL_SMTP_PORT = env_int("SANDBOX_MAIL_SMTP_PORT", PORT + 3, minimum=1, maximum=65535)

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from console.lib.errors import Conflict, InvalidInput, NotFound
+from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import record_event, transition
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 
@@ -72,7 +72,9 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None) -> tupl
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
-            raise Conflict(
+            # In flight: a conflict (someone else dispatched it); anything else: not a legal move.
+            error = Conflict if operation.status == S.DISPATCHED else IllegalTransition
+            raise error(
                 f"Operation {operation_id} is {operation.status}; only authorized or retry_safe dispatch.",
                 details={"status": operation.status},
             )
@@ -126,6 +128,8 @@ def operation_record_outcome(
         attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
         operation = _get(operation_id, lock=True)
         is_current = operation.status == S.DISPATCHED and operation.fencing_token == fencing_token
+        if not is_current and attempt.finished_at is not None:
+            return operation, False  # a repeated report of an outcome already recorded: keep the first
         Attempt.objects.filter(pk=attempt.pk).update(
             finished_at=now, fact=fact, error_class=error_class[:64], error_code=str(error_code)[:64],
             raw_response=raw_response, latency_ms=latency_ms, stale=not is_current,
@@ -165,6 +169,17 @@ def operation_mark_unknown(*, operation_id: str, actor: str, reason: str, eviden
     return operation
 
 
+def _refuse_in_flight(operation: Operation, to: str) -> None:
+    """Only the worker's own recorded outcome moves a dispatched operation; a person or the
+    reconciler acting on an in-flight call would start a second dispatch or call a timeout a
+    failure."""
+    if operation.status == S.DISPATCHED:
+        raise IllegalTransition(
+            f"Operation {operation.operation_id} is in flight; wait for its outcome or for it to become unknown.",
+            details={"status": operation.status, "to": to},
+        )
+
+
 def _token_guard(fencing_token: int | None) -> dict[str, Any] | None:
     # A decision based on what one attempt left behind must not land on a later attempt.
     return None if fencing_token is None else {"fencing_token": fencing_token}
@@ -177,6 +192,7 @@ def operation_confirm(*, operation_id: str, receipt: dict[str, Any], actor: str,
         raise InvalidInput("Confirming needs a receipt.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
+        _refuse_in_flight(operation, S.CONFIRMED)
         transition(operation, to=S.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
                    guard=_token_guard(fencing_token), changes={"receipt": receipt, "next_reconcile_at": None})
     return operation
@@ -189,6 +205,7 @@ def operation_mark_retry_safe(*, operation_id: str, actor: str, reason: str, evi
         raise InvalidInput("Declaring an operation safe to retry needs evidence.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
+        _refuse_in_flight(operation, S.RETRY_SAFE)
         if transition(operation, to=S.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
                       guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
             _enqueue_dispatch_on_commit(operation)
@@ -219,6 +236,7 @@ def operation_fail(*, operation_id: str, actor: str, reason: str, evidence: dict
         raise InvalidInput("Marking an operation failed needs evidence that it had no effect.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
+        _refuse_in_flight(operation, S.FAILED)
         transition(operation, to=S.FAILED, actor=actor, reason=reason, evidence=evidence,
                    changes={"next_reconcile_at": None})
     return operation

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import TypeVar
@@ -57,6 +58,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
 def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
     def parse(raw: str) -> float:
         value = float(raw)
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
         if minimum is not None and value < minimum:
             raise ValueError(f"must be >= {minimum}")
         return value

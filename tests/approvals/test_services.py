@@ -1,0 +1,573 @@
+"""approvals.services: approval requests, decisions, and the operation moves they cause."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import services
+from approvals.models import APPROVAL_TRANSITIONS, ApprovalDecision, ApprovalRequest, ApprovalStatus
+from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound, NotPermitted
+from ledger.models import Operation, OperationStatus
+from tests.conftest import make_user
+from tests.factories import (
+    concurrent_writer,
+    event_count,
+    events_of,
+    make_approval_request,
+    make_operation,
+)
+
+pytestmark = pytest.mark.usefixtures("fast_password_hasher")
+
+A = ApprovalStatus
+S = OperationStatus
+
+
+class Boom(Exception):
+    pass
+
+
+def status_of(request: ApprovalRequest) -> str:
+    return ApprovalRequest.objects.values_list("status", flat=True).get(pk=request.pk)
+
+
+def op_status(request: ApprovalRequest) -> str:
+    return Operation.objects.values_list("status", flat=True).get(pk=request.operation_id)
+
+
+def counts(request: ApprovalRequest) -> tuple[int, int]:
+    return event_count("approval", request.approval_id), event_count("operation", request.operation_id)
+
+
+@pytest.fixture
+def l3(agent) -> ApprovalRequest:
+    """An L3 refund waiting for one approval."""
+    return make_approval_request(make_operation(agent, arguments={
+        "order_id": "ord-7", "amount": 120, "currency": "EUR", "reason": "damaged"}), risk_tier=3)
+
+
+@pytest.fixture
+def l4(agent) -> ApprovalRequest:
+    """An L4 refund waiting for two distinct approvers."""
+    return make_approval_request(make_operation(agent, arguments={
+        "order_id": "ord-8", "amount": 500, "currency": "EUR", "reason": "damaged"}),
+        risk_tier=4, approvals_needed=2)
+
+
+def expire_clock(request: ApprovalRequest) -> None:
+    """Time passes: the request's expiry is now behind us (no status change yet)."""
+    ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+
+# --- approval_request_create -------------------------------------------------------------------
+
+
+def test_request_create_binds_the_call_hash_version_and_expiry_with_one_event(agent):
+    operation = make_operation(agent)
+    before = timezone.now()
+
+    request = services.approval_request_create(
+        operation=operation, call_id=operation.call_id, state_version=3, risk_tier=3,
+        approvals_needed=1, ttl_seconds=600, reasons=["amount > 50"], actor="system:gate",
+    )
+
+    stored = ApprovalRequest.objects.get(pk=request.pk)
+    assert stored.status == A.PENDING
+    assert stored.call_id == operation.call_id
+    assert stored.operation_id == operation.operation_id
+    assert stored.task_id == operation.task_id
+    assert stored.tenant_id == operation.tenant_id
+    assert stored.arguments_hash == operation.arguments_hash
+    assert stored.tool_schema_version == operation.tool_schema_version
+    assert stored.requested_by_id == operation.principal_id
+    assert (stored.state_version, stored.risk_tier, stored.approvals_needed) == (3, 3, 1)
+    assert stored.escalation_reasons == ["amount > 50"]
+    assert before + timedelta(seconds=600) <= stored.expires_at <= timezone.now() + timedelta(seconds=600)
+    [event] = events_of("approval", request.approval_id)
+    assert (event.from_status, event.to_status, event.actor) == ("", A.PENDING, "system:gate")
+    assert event.evidence["operation_id"] == operation.operation_id
+    assert event.evidence["arguments_hash"] == operation.arguments_hash
+    assert Operation.objects.get(pk=operation.pk).status == S.PLANNED
+
+
+def test_a_rolled_back_request_create_leaves_neither_request_nor_event(agent):
+    operation = make_operation(agent)
+
+    with pytest.raises(Boom), transaction.atomic():
+        request = make_approval_request(operation)
+        raise Boom
+
+    assert not ApprovalRequest.objects.filter(pk=request.pk).exists()
+    assert event_count("approval", request.approval_id) == 0
+
+
+# --- approval_approve --------------------------------------------------------------------------
+
+
+def test_one_approval_approves_the_request_and_authorizes_the_operation(l3, reviewer, django_capture_on_commit_callbacks):
+    approval_events, operation_events = counts(l3)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, reason="looks right")
+
+    stored = ApprovalRequest.objects.get(pk=l3.pk)
+    assert stored.status == A.APPROVED
+    assert stored.decided_at is not None
+    assert op_status(l3) == S.AUTHORIZED
+    [decision] = stored.decisions.all()
+    assert (decision.reviewer, decision.verdict, decision.reason) == (reviewer, "approve", "looks right")
+    assert decision.arguments_hash == l3.arguments_hash
+    assert counts(l3) == (approval_events + 1, operation_events + 1)
+    approved = events_of("approval", l3.approval_id)[-1]
+    assert (approved.from_status, approved.to_status, approved.actor) == (A.PENDING, A.APPROVED, "user:reviewer")
+    authorized = events_of("operation", l3.operation_id)[-1]
+    assert (authorized.from_status, authorized.to_status) == (S.PLANNED, S.AUTHORIZED)
+    assert authorized.evidence == {"approval_id": l3.approval_id}
+    assert len(callbacks) == 1  # the dispatch, on commit
+
+
+def test_two_approvals_from_distinct_reviewers_are_needed_at_l4(l4, senior, senior2):
+    services.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first")
+
+    assert status_of(l4) == A.PENDING
+    assert op_status(l4) == S.PLANNED
+    interim = events_of("approval", l4.approval_id)[-1]
+    assert (interim.from_status, interim.to_status) == (A.PENDING, A.PENDING)
+    assert "approval 1 of 2" in interim.reason
+    operation_events = event_count("operation", l4.operation_id)
+
+    services.approval_approve(approval_id=l4.approval_id, reviewer=senior2, reason="second")
+
+    assert status_of(l4) == A.APPROVED
+    assert op_status(l4) == S.AUTHORIZED
+    assert set(ApprovalDecision.objects.filter(request=l4).values_list("reviewer__username", flat=True)) == {
+        "senior", "senior2"}
+    assert event_count("operation", l4.operation_id) == operation_events + 1
+
+
+def test_the_same_reviewer_cannot_give_both_approvals(l4, senior):
+    services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    before = counts(l4)
+
+    with pytest.raises(Conflict):
+        services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+
+    assert status_of(l4) == A.PENDING
+    assert op_status(l4) == S.PLANNED
+    assert ApprovalDecision.objects.filter(request=l4).count() == 1
+    assert counts(l4) == before
+
+
+def test_a_reviewer_cannot_approve_above_their_max_tier(l4, reviewer):
+    before = counts(l4)
+
+    with pytest.raises(NotPermitted):
+        services.approval_approve(approval_id=l4.approval_id, reviewer=reviewer)
+
+    assert status_of(l4) == A.PENDING
+    assert not ApprovalDecision.objects.filter(request=l4).exists()
+    assert counts(l4) == before
+
+
+def test_a_reviewer_of_another_tenant_cannot_approve(l3, outsider):
+    before = counts(l3)
+
+    with pytest.raises(NotPermitted):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=outsider)
+
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert counts(l3) == before
+
+
+def test_support_staff_without_the_reviewer_role_cannot_approve(l3, support_user):
+    with pytest.raises(NotPermitted):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=support_user)
+    assert status_of(l3) == A.PENDING
+
+
+def test_an_inactive_reviewer_cannot_approve(l3, tenant):
+    former = make_user("former", tenant, "reviewer", max_tier=4, is_active=False)
+
+    with pytest.raises(NotPermitted):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=former)
+    assert status_of(l3) == A.PENDING
+
+
+def test_an_expired_request_cannot_be_approved(l3, reviewer):
+    expire_clock(l3)
+    before = counts(l3)
+
+    with pytest.raises(Conflict):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+    assert counts(l3) == before
+
+
+def test_it_refuses_an_approval_of_arguments_the_reviewer_did_not_see(l3, reviewer):
+    with pytest.raises(Conflict):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, arguments_hash="0" * 64)
+
+    assert status_of(l3) == A.PENDING
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+
+
+def test_it_accepts_an_approval_of_the_arguments_the_reviewer_saw(l3, reviewer):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, arguments_hash=l3.arguments_hash)
+    assert status_of(l3) == A.APPROVED
+
+
+@pytest.mark.parametrize("closed", [A.APPROVED, A.REJECTED])
+def test_a_decided_request_cannot_be_approved_again(l3, reviewer, senior, closed):
+    if closed == A.APPROVED:
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    else:
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+    before = counts(l3)
+
+    with pytest.raises(Conflict):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=senior)
+
+    assert status_of(l3) == closed
+    assert ApprovalDecision.objects.filter(request=l3).count() == 1
+    assert counts(l3) == before
+
+
+def test_an_unknown_request_cannot_be_approved(db, reviewer):
+    with pytest.raises(NotFound):
+        services.approval_approve(approval_id="apr_nope", reviewer=reviewer)
+
+
+def test_approve_raises_conflict_when_another_writer_closed_the_request_first(l3, reviewer, monkeypatch):
+    concurrent_writer(monkeypatch, services, status=A.EXPIRED)
+    before = counts(l3)
+
+    with pytest.raises(Conflict) as excinfo:
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+
+    assert not isinstance(excinfo.value, IllegalTransition)
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+    assert counts(l3) == before
+
+
+def test_approve_rolls_back_the_decision_when_the_operation_moved_on(l3, reviewer):
+    # The operation was cancelled meanwhile: authorizing it is illegal, so nothing is recorded.
+    Operation.objects.filter(pk=l3.operation_id).update(status=S.CANCELLED)
+    before = counts(l3)
+
+    with pytest.raises(IllegalTransition):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+
+    assert status_of(l3) == A.PENDING
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+    assert counts(l3) == before
+
+
+def test_a_rolled_back_approval_leaves_neither_decision_status_nor_events(l3, reviewer):
+    before = counts(l3)
+
+    with pytest.raises(Boom), transaction.atomic():
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        raise Boom
+
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+    assert counts(l3) == before
+
+
+# --- approval_reject ---------------------------------------------------------------------------
+
+
+def test_reject_rejects_the_request_and_the_operation_with_one_event_each(l3, reviewer):
+    approval_events, operation_events = counts(l3)
+
+    services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="amount is wrong")
+
+    stored = ApprovalRequest.objects.get(pk=l3.pk)
+    assert stored.status == A.REJECTED
+    assert stored.decided_at is not None
+    assert op_status(l3) == S.REJECTED
+    [decision] = stored.decisions.all()
+    assert (decision.verdict, decision.reason) == ("reject", "amount is wrong")
+    assert counts(l3) == (approval_events + 1, operation_events + 1)
+    assert events_of("approval", l3.approval_id)[-1].reason == "amount is wrong"
+    assert events_of("operation", l3.operation_id)[-1].to_status == S.REJECTED
+
+
+@pytest.mark.parametrize("reason", ["", "   "])
+def test_reject_needs_a_reason(l3, reviewer, reason):
+    before = counts(l3)
+
+    with pytest.raises(InvalidInput):
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason=reason)
+
+    assert status_of(l3) == A.PENDING
+    assert counts(l3) == before
+
+
+def test_one_rejection_ends_a_two_approval_request(l4, senior, senior2):
+    services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+
+    services.approval_reject(approval_id=l4.approval_id, reviewer=senior2, reason="not this one")
+
+    assert status_of(l4) == A.REJECTED
+    assert op_status(l4) == S.REJECTED
+
+
+def test_a_reviewer_who_already_approved_cannot_also_reject(l4, senior):
+    services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    before = counts(l4)
+
+    with pytest.raises(Conflict):
+        services.approval_reject(approval_id=l4.approval_id, reviewer=senior, reason="changed my mind")
+
+    assert status_of(l4) == A.PENDING
+    assert counts(l4) == before
+
+
+def test_reject_is_refused_above_the_reviewers_tier_and_in_another_tenant(l4, reviewer, outsider):
+    for person in (reviewer, outsider):
+        with pytest.raises(NotPermitted):
+            services.approval_reject(approval_id=l4.approval_id, reviewer=person, reason="no")
+    assert status_of(l4) == A.PENDING
+    assert op_status(l4) == S.PLANNED
+
+
+def test_an_expired_request_cannot_be_rejected(l3, reviewer):
+    expire_clock(l3)
+
+    with pytest.raises(Conflict):
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+    assert status_of(l3) == A.PENDING
+
+
+def test_reject_raises_conflict_when_another_writer_closed_the_request_first(l3, reviewer, monkeypatch):
+    concurrent_writer(monkeypatch, services, status=A.APPROVED)
+    before = counts(l3)
+
+    with pytest.raises(Conflict):
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+
+    assert status_of(l3) == A.PENDING
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+    assert counts(l3) == before
+
+
+def test_a_rolled_back_rejection_leaves_neither_decision_status_nor_events(l3, reviewer):
+    before = counts(l3)
+
+    with pytest.raises(Boom), transaction.atomic():
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        raise Boom
+
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert not ApprovalDecision.objects.filter(request=l3).exists()
+    assert counts(l3) == before
+
+
+# --- approval_expire, approval_invalidate --------------------------------------------------------
+
+CLOSERS = {
+    "approval_expire": (A.EXPIRED, S.EXPIRED, lambda apr_id: services.approval_expire(approval_id=apr_id)),
+    "approval_invalidate": (A.INVALIDATED, S.CANCELLED, lambda apr_id: services.approval_invalidate(
+        approval_id=apr_id, actor="system:dispatcher", reason="task version changed")),
+}
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+def test_closing_a_pending_request_closes_its_planned_operation(l3, verb):
+    target, op_target, call = CLOSERS[verb]
+    approval_events, operation_events = counts(l3)
+
+    call(l3.approval_id)
+
+    assert status_of(l3) == target
+    assert op_status(l3) == op_target
+    assert counts(l3) == (approval_events + 1, operation_events + 1)
+    event = events_of("approval", l3.approval_id)[-1]
+    assert (event.from_status, event.to_status) == (A.PENDING, target)
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+def test_closing_an_approved_request_closes_its_authorized_operation(l3, reviewer, verb):
+    target, op_target, call = CLOSERS[verb]
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    before = counts(l3)
+
+    call(l3.approval_id)
+
+    assert status_of(l3) == target
+    assert op_status(l3) == op_target
+    assert counts(l3) == (before[0] + 1, before[1] + 1)
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+def test_closing_a_request_leaves_an_operation_that_already_left_authorized_alone(l3, reviewer, verb):
+    from ledger import services as ledger_services
+
+    target, _, call = CLOSERS[verb]
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    ledger_services.operation_dispatch(operation_id=l3.operation_id, worker="w1")
+    operation_events = event_count("operation", l3.operation_id)
+
+    call(l3.approval_id)
+
+    assert status_of(l3) == target
+    assert op_status(l3) == S.DISPATCHED
+    assert event_count("operation", l3.operation_id) == operation_events
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+def test_closing_an_already_closed_request_is_a_no_op_without_an_event(l3, verb):
+    _, _, call = CLOSERS[verb]
+    call(l3.approval_id)
+    before = counts(l3)
+
+    call(l3.approval_id)
+
+    assert counts(l3) == before
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+@pytest.mark.parametrize("closed", [A.REJECTED, A.CONSUMED])
+def test_closing_a_finished_request_raises_illegal_transition(l3, reviewer, verb, closed):
+    _, _, call = CLOSERS[verb]
+    if closed == A.REJECTED:
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+    else:
+        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+    before = counts(l3)
+    operation_status = op_status(l3)
+
+    with pytest.raises(IllegalTransition):
+        call(l3.approval_id)
+
+    assert status_of(l3) == closed
+    assert op_status(l3) == operation_status
+    assert counts(l3) == before
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+def test_closing_raises_conflict_when_another_writer_moved_the_request_first(l3, verb, monkeypatch):
+    _, _, call = CLOSERS[verb]
+    concurrent_writer(monkeypatch, services, status=A.APPROVED)
+    before = counts(l3)
+
+    with pytest.raises(Conflict) as excinfo:
+        call(l3.approval_id)
+
+    assert not isinstance(excinfo.value, IllegalTransition)
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert counts(l3) == before
+
+
+@pytest.mark.parametrize("verb", list(CLOSERS))
+def test_a_rolled_back_close_leaves_neither_status_nor_events(l3, verb):
+    _, _, call = CLOSERS[verb]
+    before = counts(l3)
+
+    with pytest.raises(Boom), transaction.atomic():
+        call(l3.approval_id)
+        raise Boom
+
+    assert status_of(l3) == A.PENDING
+    assert op_status(l3) == S.PLANNED
+    assert counts(l3) == before
+
+
+@pytest.mark.parametrize("verb", [*CLOSERS, "approval_consume"])
+def test_closing_an_unknown_request_raises_not_found(db, verb):
+    call = (lambda apr_id: services.approval_consume(approval_id=apr_id, actor="worker:w1")) \
+        if verb == "approval_consume" else CLOSERS[verb][2]
+    with pytest.raises(NotFound):
+        call("apr_nope")
+
+
+# --- approval_consume --------------------------------------------------------------------------
+
+
+def test_consume_uses_up_an_approved_request_with_one_event(l3, reviewer):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    approval_events, operation_events = counts(l3)
+
+    services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+
+    assert status_of(l3) == A.CONSUMED
+    assert counts(l3) == (approval_events + 1, operation_events)
+    event = events_of("approval", l3.approval_id)[-1]
+    assert (event.from_status, event.to_status, event.actor) == (A.APPROVED, A.CONSUMED, "worker:w1")
+
+
+def test_a_consumed_request_cannot_authorize_anything_again(l3, reviewer, senior):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+
+    with pytest.raises(Conflict):
+        services.approval_approve(approval_id=l3.approval_id, reviewer=senior)
+    assert status_of(l3) == A.CONSUMED
+
+
+def test_consuming_twice_is_a_no_op_without_an_event(l3, reviewer):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+    before = counts(l3)
+
+    services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+
+    assert counts(l3) == before
+
+
+@pytest.mark.parametrize("source", [A.PENDING, A.REJECTED, A.EXPIRED, A.INVALIDATED])
+def test_only_an_approved_request_can_be_consumed(l3, reviewer, source):
+    assert A.CONSUMED not in APPROVAL_TRANSITIONS[source]
+    if source == A.REJECTED:
+        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+    elif source == A.EXPIRED:
+        services.approval_expire(approval_id=l3.approval_id)
+    elif source == A.INVALIDATED:
+        services.approval_invalidate(approval_id=l3.approval_id, actor="system", reason="moved on")
+    before = counts(l3)
+
+    with pytest.raises(IllegalTransition):
+        services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+
+    assert status_of(l3) == source
+    assert counts(l3) == before
+
+
+def test_consume_raises_conflict_when_another_writer_invalidated_it_first(l3, reviewer, monkeypatch):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    concurrent_writer(monkeypatch, services, status=A.INVALIDATED)
+    before = counts(l3)
+
+    with pytest.raises(Conflict) as excinfo:
+        services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+
+    assert not isinstance(excinfo.value, IllegalTransition)
+    assert status_of(l3) == A.APPROVED
+    assert counts(l3) == before
+
+
+def test_a_rolled_back_consume_leaves_neither_status_nor_event(l3, reviewer):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    before = counts(l3)
+
+    with pytest.raises(Boom), transaction.atomic():
+        services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
+        raise Boom
+
+    assert status_of(l3) == A.APPROVED
+    assert counts(l3) == before

@@ -1,0 +1,246 @@
+"""The live stream (console/live.py + console/consumers.py): the tail of committed events over a
+websocket, with catch-up from the last event id the page saw."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from asgiref.sync import async_to_sync
+from asgiref.testing import ApplicationCommunicator
+from channels.db import database_sync_to_async
+
+from ledger.models import Event
+from tests.factories import make_task
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fast_password_hasher"),
+]
+
+PATH = "/ws/live/activity/"
+ORIGIN = (b"origin", b"http://testserver")
+TIMEOUT = 10  # an upper bound, not a wait: each receive returns as soon as a frame arrives
+
+
+class WebsocketCommunicator(ApplicationCommunicator):
+    """The few websocket verbs of channels.testing.WebsocketCommunicator, which cannot be
+    imported here: channels.testing imports daphne (not a dependency) for its live server."""
+
+    def __init__(self, app, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(app, {
+            "type": "websocket", "path": path, "query_string": b"", "headers": headers or [],
+            "subprotocols": [],
+        })
+
+    async def connect(self, timeout: float = 1) -> tuple[bool, int | None]:
+        await self.send_input({"type": "websocket.connect"})
+        response = await self.receive_output(timeout)
+        if response["type"] == "websocket.close":
+            return False, response.get("code", 1000)
+        assert response["type"] == "websocket.accept"
+        return True, None
+
+    async def send_json_to(self, data) -> None:
+        await self.send_input({"type": "websocket.receive", "text": json.dumps(data)})
+
+    async def receive_from(self, timeout: float = 1) -> str:
+        response = await self.receive_output(timeout)
+        assert response["type"] == "websocket.send", response
+        return response["text"]
+
+    async def disconnect(self, timeout: float = 1) -> None:
+        await self.send_input({"type": "websocket.disconnect", "code": 1000})
+        await self.wait(timeout)
+
+
+def application():
+    from console.asgi import application
+
+    return application
+
+
+def session_headers(client, user) -> list[tuple[bytes, bytes]]:
+    client.force_login(user)
+    return [ORIGIN, (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+
+
+def rows(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr id="event-(\d+)"', html)]
+
+
+def cursor(html: str) -> int:
+    return int(re.search(r'id="live-cursor" data-last-event-id="(\d+)"', html).group(1))
+
+
+def new_event(agent) -> int:
+    task = make_task(agent)
+    return Event.objects.filter(entity="task", entity_id=task.task_id).values_list("id", flat=True).get()
+
+
+async def receive_until(communicator, last_id: int) -> list[str]:
+    """Fragments until the cursor reaches `last_id`."""
+    fragments = []
+    while not fragments or cursor(fragments[-1]) < last_id:
+        fragments.append(await communicator.receive_from(timeout=TIMEOUT))
+    return fragments
+
+
+def test_an_event_committed_after_connecting_arrives_with_the_new_cursor(client, reviewer, agent):
+    headers = session_headers(client, reviewer)
+    seen = new_event(agent)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=headers)
+        connected, _ = await communicator.connect(timeout=TIMEOUT)
+        assert connected
+        await communicator.send_json_to({"last_event_id": seen})
+        fresh = await database_sync_to_async(new_event)(agent)
+
+        html = await communicator.receive_from(timeout=TIMEOUT)
+
+        await communicator.disconnect()
+        return fresh, html
+
+    fresh, html = async_to_sync(scenario)()
+
+    assert rows(html) == [fresh]
+    assert cursor(html) == fresh
+    assert 'hx-swap-oob="true"' in html
+    assert 'hx-swap-oob="afterbegin:#activity-rows"' in html
+
+
+def test_a_reconnect_with_an_older_cursor_receives_what_it_missed_in_order(client, reviewer, agent):
+    headers = session_headers(client, reviewer)
+    start = new_event(agent)
+
+    async def scenario():
+        first = WebsocketCommunicator(application(), PATH, headers=headers)
+        assert (await first.connect(timeout=TIMEOUT))[0]
+        await first.send_json_to({"last_event_id": start})
+        seen = await database_sync_to_async(new_event)(agent)
+        before_drop = await receive_until(first, seen)
+        await first.disconnect()
+
+        # While the page is away, three more events commit.
+        missed = [await database_sync_to_async(new_event)(agent) for _ in range(3)]
+
+        second = WebsocketCommunicator(application(), PATH, headers=headers)
+        assert (await second.connect(timeout=TIMEOUT))[0]
+        await second.send_json_to({"last_event_id": seen})
+        after_reconnect = await receive_until(second, missed[-1])
+        await second.disconnect()
+        return seen, missed, before_drop, after_reconnect
+
+    seen, missed, before_drop, after_reconnect = async_to_sync(scenario)()
+
+    assert [i for html in before_drop for i in rows(html)] == [seen]
+    received = [rows(html) for html in after_reconnect]
+    # Each fragment is prepended to the table, newest on top, so a page that applies them in
+    # the order they arrive shows every missed event exactly once, in commit order.
+    table: list[int] = []
+    for fragment_rows in received:
+        table = fragment_rows + table
+    assert table == sorted(missed, reverse=True)
+    cursors = [cursor(html) for html in after_reconnect]
+    assert cursors == sorted(cursors)
+    assert cursors[-1] == missed[-1]
+
+
+def test_a_page_that_saw_nothing_yet_gets_the_whole_tail_it_may_see(client, reviewer, agent):
+    headers = session_headers(client, reviewer)
+    existing = [new_event(agent) for _ in range(2)]
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=headers)
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"last_event_id": 0})
+        fragments = await receive_until(communicator, existing[-1])
+        await communicator.disconnect()
+        return fragments
+
+    fragments = async_to_sync(scenario)()
+
+    assert sorted(i for html in fragments for i in rows(html)) == existing
+
+
+def test_events_of_another_tenant_never_arrive(client, reviewer, agent, outsider_agent):
+    headers = session_headers(client, reviewer)
+    start = new_event(agent)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=headers)
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"last_event_id": start})
+        foreign = [await database_sync_to_async(new_event)(outsider_agent) for _ in range(2)]
+        # Committed after the foreign ones: when it arrives, any leak would have arrived too.
+        own = await database_sync_to_async(new_event)(agent)
+        fragments = await receive_until(communicator, own)
+        await communicator.disconnect()
+        return foreign, own, fragments
+
+    foreign, own, fragments = async_to_sync(scenario)()
+
+    received = [i for html in fragments for i in rows(html)]
+    assert received == [own]
+    assert not set(foreign) & set(received)
+    assert all(f'id="event-{i}"' not in html for html in fragments for i in foreign)
+
+
+def test_the_other_tenant_sees_its_own_events_and_not_ours(client, outsider, agent, outsider_agent):
+    headers = session_headers(client, outsider)
+    start = new_event(outsider_agent)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=headers)
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"last_event_id": start})
+        ours = await database_sync_to_async(new_event)(agent)
+        theirs = await database_sync_to_async(new_event)(outsider_agent)
+        fragments = await receive_until(communicator, theirs)
+        await communicator.disconnect()
+        return ours, theirs, fragments
+
+    ours, theirs, fragments = async_to_sync(scenario)()
+
+    assert [i for html in fragments for i in rows(html)] == [theirs]
+    assert ours < theirs
+
+
+def test_an_anonymous_user_is_refused(db):
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=[ORIGIN])
+        result = await communicator.connect(timeout=TIMEOUT)
+        await communicator.disconnect(timeout=TIMEOUT)
+        return result
+
+    connected, code = async_to_sync(scenario)()
+
+    assert connected is False
+    assert code == 4403
+
+
+def test_an_unknown_stream_is_refused(client, reviewer):
+    headers = session_headers(client, reviewer)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), "/ws/live/nope/", headers=headers)
+        result = await communicator.connect(timeout=TIMEOUT)
+        await communicator.disconnect(timeout=TIMEOUT)
+        return result
+
+    assert async_to_sync(scenario)() == (False, 4403)
+
+
+def test_a_foreign_origin_is_refused(client, reviewer):
+    headers = [(b"origin", b"http://evil.example.com"), *session_headers(client, reviewer)[1:]]
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=headers)
+        result = await communicator.connect(timeout=TIMEOUT)
+        await communicator.disconnect(timeout=TIMEOUT)
+        return result
+
+    connected, _ = async_to_sync(scenario)()
+    assert connected is False
