@@ -131,7 +131,8 @@ def _revalidate(operation: Operation, *, now) -> str | None:
     and a reason is returned."""
     task = operation.task
     if operation.status == S.AUTHORIZED:
-        if task.status in TASK_TERMINAL:
+        # A compensation undoes an effect of a task that may long be finished: it still runs.
+        if task.status in TASK_TERMINAL and operation.compensates_id is None:
             services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=f"task {task.status}")
             return f"cancelled:task_{task.status}"
         if operation.tool.schema_version != operation.tool_schema_version:

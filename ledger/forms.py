@@ -43,3 +43,14 @@ class EscalateForm(ReasonForm):
     def __init__(self, *args, staff: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["assignee"].choices = [("", "Choose a person…")] + [(u, u) for u in staff]
+
+
+class CompensateForm(ReasonForm):
+    tool = forms.ChoiceField(label="Compensating tool", choices=[])
+    arguments = forms.JSONField(label="Arguments (JSON)", widget=forms.Textarea(attrs={"rows": 4}),
+                                error_messages={"required": "The compensating call needs its arguments.",
+                                                "invalid": "The arguments must be valid JSON."})
+
+    def __init__(self, *args, tools: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tool"].choices = [(t, t) for t in tools]

@@ -21,11 +21,13 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
+from approvals.models import Tool
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
 from ledger import support
 from ledger import support_selectors as selectors
-from ledger.forms import ConfirmForm, EscalateForm, QueueFilterForm, ReasonForm
+from ledger.compensation import COMPENSABLE, compensation_propose
+from ledger.forms import CompensateForm, ConfirmForm, EscalateForm, QueueFilterForm, ReasonForm
 from ledger.models import Operation
 
 PAGE_SIZE = 25
@@ -147,7 +149,9 @@ def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[s
         "retry_form": forms.get("retry") or ReasonForm(prefix="retry"),
         "fail_form": forms.get("fail") or ReasonForm(prefix="fail"),
         "escalate_form": forms.get("escalate") or EscalateForm(staff=staff),
-        "compensate_form": forms.get("compensate") or ReasonForm(prefix="compensate"),
+        "compensate_form": forms.get("compensate") or CompensateForm(prefix="compensate", tools=_write_tools()),
+        "can_compensate": operation.status in COMPENSABLE and support.can_act(request.user, operation.tenant_id),
+        "compensations": list(operation.compensations.select_related("tool").order_by("created_at")),
         "error": error,
         "error_action": error_action,
         "last_event_id": console_live.latest_event_id(),
@@ -249,7 +253,12 @@ def escalate(request: HttpRequest, operation_id: str) -> HttpResponse:
 @require_POST
 def compensate(request: HttpRequest, operation_id: str) -> HttpResponse:
     return _run_action(
-        request, operation_id, action="compensate", form=ReasonForm(request.POST, prefix="compensate"),
-        done="Marked as needing compensation.",
-        call=lambda d: support.support_require_compensation(operation_id=operation_id, user=request.user,
-                                                            reason=d["reason"]))
+        request, operation_id, action="compensate",
+        form=CompensateForm(request.POST, prefix="compensate", tools=_write_tools()),
+        done="Compensating operation proposed; it waits for a reviewer's approval.",
+        call=lambda d: compensation_propose(operation_id=operation_id, user=request.user, tool_name=d["tool"],
+                                            arguments=d["arguments"], reason=d["reason"]))
+
+
+def _write_tools() -> list[str]:
+    return list(Tool.objects.filter(enabled=True, kind=Tool.Kind.WRITE).order_by("name").values_list("name", flat=True))
