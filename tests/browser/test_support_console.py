@@ -208,15 +208,26 @@ def test_a_second_person_acting_on_a_resolved_operation_sees_who_did_it(
     expect(page.locator("#retry-button")).to_be_enabled()
     page.fill("#id_retry-reason", "The provider has nothing for this key")
 
+    # What the person's browser is about to send (their click is already on its way).
+    action = page.get_attribute("#retry-form", "action")
+    csrf = page.input_value("#retry-form [name=csrfmiddlewaretoken]")
     ledger_services.operation_fail(operation_id=operation.operation_id, actor="user:support",
                                    reason="no effect", evidence={"answer": "absent"})
-    # The live view may already have disabled the button; a submit that was on its way (the
-    # person clicked a moment earlier) must still get a plain answer, not a second action.
-    page.evaluate("""() => {
-        const form = document.getElementById("retry-form");
-        form.querySelector("[name$=reason]").value = "The provider has nothing for this key";
+    # The live view may already have replaced the form; the submit must still get a plain
+    # answer, not a second action. Build it detached from the (possibly swapped) page.
+    page.evaluate("""([action, csrf]) => {
+        const form = document.createElement("form");
+        form.method = "post";
+        form.action = action;
+        for (const [name, value] of [["csrfmiddlewaretoken", csrf],
+                                     ["retry-reason", "The provider has nothing for this key"]]) {
+            const input = document.createElement("input");
+            input.type = "hidden"; input.name = name; input.value = value;
+            form.appendChild(input);
+        }
+        document.body.appendChild(form);
         form.submit();
-    }""")
+    }""", [action, csrf])
     expect(page.locator("#action-error")).to_contain_text("Already resolved by user:support")
     expect(page.locator("#op-status .badge")).to_have_text("failed")
     screenshot(page, "support-detail-conflict")
