@@ -13,6 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 TERMINAL_CALL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
 
@@ -30,11 +35,48 @@ SCENARIOS = [
 RARE = [(1, "refund_fault_opaque")]
 
 
+def make_tracer(url: str, token: str):
+    """The fleet traces itself like any agent would: an OpenTelemetry SDK exporting OTLP/HTTP to
+    Countersign's /v1/traces with its bearer token, spans linked by countersign.* attributes."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "demo-agent-fleet"}))
+    exporter = OTLPSpanExporter(endpoint=f"{url.rstrip('/')}/v1/traces",
+                                headers={"Authorization": f"Bearer {token}"}, compression=Compression.Gzip)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
+    return provider, provider.get_tracer("countersign.demo_fleet")
+
+
 class FleetAgent:
-    def __init__(self, client: httpx.Client, name: str, log) -> None:
+    def __init__(self, client: httpx.Client, name: str, log, tracer=None) -> None:
         self.client = client
         self.name = name
         self.log = log
+        self.tracer = tracer
+
+    def think(self, task_id: str, step_id: str, prompt_tokens: int) -> None:
+        """A stand-in for the model call that decides the next step."""
+        if self.tracer is None:
+            return
+        with self.tracer.start_as_current_span("chat demo-model") as span:
+            span.set_attributes({
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": "demo-model",
+                "gen_ai.usage.input_tokens": prompt_tokens, "gen_ai.usage.output_tokens": random.randint(20, 120),
+                "countersign.task_id": task_id, "countersign.step_id": step_id,
+            })
+            time.sleep(random.uniform(0.05, 0.3))
+
+    def propose(self, task_id: str, call: dict) -> dict:
+        if self.tracer is None:
+            return self.post(f"/api/v1/tasks/{task_id}/calls", call)
+        with self.tracer.start_as_current_span(f"execute_tool {call['tool']}") as span:
+            span.set_attributes({
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call["tool"],
+                "gen_ai.tool.call.id": call["call_id"], "countersign.task_id": task_id,
+                "countersign.step_id": call["step_id"],
+            })
+            answer = self.post(f"/api/v1/tasks/{task_id}/calls", call)
+            if answer.get("operation_id"):
+                span.set_attribute("countersign.operation_id", answer["operation_id"])
+            return answer
 
     def post(self, path: str, payload: dict) -> dict:
         response = self.client.post(path, json=payload)
@@ -43,6 +85,13 @@ class FleetAgent:
         return response.json()
 
     def run(self, scenario: str) -> str:
+        if self.tracer is None:
+            return self._run(scenario, None)
+        with self.tracer.start_as_current_span("invoke_agent demo") as root:
+            root.set_attributes({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.name})
+            return self._run(scenario, root)
+
+    def _run(self, scenario: str, root) -> str:
         tag = uuid.uuid4().hex[:8]
         order = f"ord-{tag}"
         amount = 30
@@ -68,14 +117,17 @@ class FleetAgent:
             "versions": {"workflow": "demo-1", "model": "demo-model", "prompt": "v1"},
         })
         task_id = task["task_id"]
+        if root is not None:
+            root.set_attribute("countersign.task_id", task_id)
         lease = self.post(f"/api/v1/tasks/{task_id}/lease", {"owner": self.name, "ttl_seconds": 300})
         token = lease["fencing_token"]
         version = task["version"]
         for to in ("planning", "running"):
             version = self.post(f"/api/v1/tasks/{task_id}/transition",
                                 {"to": to, "expected_version": version, "fencing_token": token})["version"]
+        self.think(task_id, "plan", prompt_tokens=random.randint(400, 900))
         if not is_mail:
-            lookup = self.post(f"/api/v1/tasks/{task_id}/calls", {
+            lookup = self.propose(task_id, {
                 "call_id": f"call-lookup-{tag}", "step_id": "lookup", "tool": "orders.lookup",
                 "arguments": {"order_id": order}, "expected_version": version, "fencing_token": token})
             self.wait(lookup["call_id"], task_id)
@@ -86,8 +138,8 @@ class FleetAgent:
             call = {"call_id": f"call-mail-{tag}", "step_id": "send-contract", "tool": "mail.send",
                     "arguments": {"to": [recipient], "subject": "Your signed contract",
                                   "body": "Hello,\n\nplease find your countersigned contract attached.\n\nAcme"}}
-        answer = self.post(f"/api/v1/tasks/{task_id}/calls", {**call, "expected_version": version,
-                                                                "fencing_token": token})
+        self.think(task_id, call["step_id"], prompt_tokens=random.randint(600, 1400))
+        answer = self.propose(task_id, {**call, "expected_version": version, "fencing_token": token})
         if answer.get("decision") == "refused":
             return f"{scenario}: refused"
         final = self.wait(answer["call_id"], task_id)
@@ -130,12 +182,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, url: str, token: str, interval: float, agents: int, count: int, **options):
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        provider, tracer = make_tracer(url, token)
         slots = threading.BoundedSemaphore(agents)
         started = 0
 
         def one(n: int, scenario: str) -> None:
             try:
-                result = FleetAgent(client, f"fleet-{n}", self.stdout.write).run(scenario)
+                result = FleetAgent(client, f"fleet-{n}", self.stdout.write, tracer).run(scenario)
                 self.stdout.write(f"[fleet] task {n} {result}")
             except Exception as exc:  # keep the fleet going; the error is printed, not swallowed
                 self.stderr.write(f"[fleet] task {n} {scenario} stopped: {exc}")
@@ -143,10 +196,13 @@ class Command(BaseCommand):
                 slots.release()
 
         weighted = [s for w, s in SCENARIOS for _ in range(w)]
-        with ThreadPoolExecutor(max_workers=agents) as pool:
-            while not count or started < count:
-                slots.acquire()
-                started += 1
-                scenario = random.choice(RARE)[1] if random.random() < 0.03 else random.choice(weighted)
-                pool.submit(one, started, scenario)
-                time.sleep(interval * random.uniform(0.5, 1.5))
+        try:
+            with ThreadPoolExecutor(max_workers=agents) as pool:
+                while not count or started < count:
+                    slots.acquire()
+                    started += 1
+                    scenario = random.choice(RARE)[1] if random.random() < 0.03 else random.choice(weighted)
+                    pool.submit(one, started, scenario)
+                    time.sleep(interval * random.uniform(0.5, 1.5))
+        finally:
+            provider.shutdown()  # flush the spans still queued

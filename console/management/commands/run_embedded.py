@@ -24,8 +24,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--no-fleet", action="store_true", help="Do not start the demo agent fleet.")
+        parser.add_argument("--fleet-interval", type=float, default=4.0, help="Seconds between the fleet's tasks.")
 
-    def handle(self, *args, no_fleet: bool = False, **options):
+    def handle(self, *args, no_fleet: bool = False, fleet_interval: float = 4.0, **options):
         if not settings.EMBEDDED:
             raise CommandError("run_embedded is for embedded mode; see the README for the distributed mode.")
         var: Path = settings.VAR_DIR
@@ -63,8 +64,8 @@ class Command(BaseCommand):
                                        "--port", str(port), "--lifespan", "off", "--log-level", "warning")),
             ]
             if not no_fleet:
-                children.append(Child("fleet", python("manage.py", "demo_fleet",
-                                                       "--url", f"http://127.0.0.1:{port}")))
+                children.append(Child("fleet", python("manage.py", "demo_fleet", "--url", f"http://127.0.0.1:{port}",
+                                                       "--interval", str(fleet_interval))))
             for child in children:
                 child.start(log_dir=logs)
             wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="the server")
