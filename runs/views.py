@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -58,11 +58,24 @@ def run_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+# The waterfall's columns only: attributes, resource and events are large and unused here.
+WATERFALL_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "duration_ms",
+                    "status_code", "gen_ai_model", "step_id")
+
+
+def _trace_spans(task: Task):
+    return Span.objects.filter(tenant_id=task.tenant_id,
+                               trace_id__in=Span.objects.filter(task=task).values("trace_id"))
+
+
+def trace_version(task: Task) -> str:
+    """Changes whenever a span of the run's traces arrives: the page re-renders only then."""
+    stats = _trace_spans(task).aggregate(n=Count("id"), last=Max("id"))
+    return f"{stats['n']}-{stats['last'] or 0}"
+
+
 def run_detail_context(task: Task) -> dict:
-    spans = list(Span.objects.filter(
-        tenant_id=task.tenant_id,
-        trace_id__in=Span.objects.filter(task=task).values("trace_id"),
-    ).order_by("start_time")[:MAX_SPANS])
+    spans = list(_trace_spans(task).only(*WATERFALL_FIELDS).order_by("start_time")[:MAX_SPANS])
     steps = (
         Span.objects.filter(task=task).exclude(step_id="").values("step_id")
         .annotate(spans=Count("id"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
@@ -74,6 +87,7 @@ def run_detail_context(task: Task) -> dict:
     events = list(Event.objects.filter(entity="task", entity_id=task.task_id).order_by("id"))
     return {
         "task": task, "waterfall": build_waterfall(spans), "span_count": len(spans), "steps": list(steps),
+        "trace_version": trace_version(task),
         "operations": operations, "approvals": approvals, "events": events,
         "active": task.status not in TASK_TERMINAL,
     }
@@ -82,6 +96,8 @@ def run_detail_context(task: Task) -> dict:
 @login_required
 def run_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     task = _get_task_for_user(request, task_id)
+    if request.htmx and request.GET.get("trace_version") == trace_version(task):
+        return HttpResponse(status=204)  # nothing new: htmx keeps the waterfall it has
     context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": latest_event_id()}
     template = "runs/detail.html#trace" if request.htmx else "runs/detail.html"
     return render(request, template, context)

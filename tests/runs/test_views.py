@@ -22,11 +22,11 @@ def viewer(client, tenant):
     return user
 
 
-def add_spans(task, n: int, *, trace: str = "a" * 32) -> None:
+def add_spans(task, n: int, *, trace: str = "a" * 32, first: int = 0) -> None:
     t0 = timezone.now()
     Span.objects.bulk_create([
-        Span(tenant_id=task.tenant_id, trace_id=trace, span_id=f"{i + 1:016x}",
-             parent_span_id="" if i == 0 else f"{1:016x}", name=f"span {i}",
+        Span(tenant_id=task.tenant_id, trace_id=trace, span_id=f"{first + i + 1:016x}",
+             parent_span_id="" if i == 0 else f"{first + 1:016x}", name=f"span {i}",
              start_time=t0 + timedelta(milliseconds=i), end_time=t0 + timedelta(milliseconds=i + 5),
              duration_ms=5.0, task=task, step_id=f"step-{i % 3}",
              status_code="error" if i == 2 else "unset", input_tokens=10, output_tokens=2)
@@ -92,3 +92,15 @@ def test_the_detail_query_count_does_not_grow_with_spans(client, viewer, agent, 
     add_spans(task, spans)
     with django_assert_max_num_queries(14):
         assert client.get(f"/runs/{task.task_id}/").status_code == 200
+
+
+def test_an_unchanged_trace_is_not_rendered_again(client, viewer, agent):
+    task = task_create(principal=agent, task_type="refund", goal="g")
+    add_spans(task, 3)
+    page = client.get(f"/runs/{task.task_id}/").content.decode()
+    version = page.split("trace_version=")[1].split('"')[0]
+    poll = client.get(f"/runs/{task.task_id}/", {"trace_version": version}, HTTP_HX_REQUEST="true")
+    assert poll.status_code == 204
+    add_spans(task, 2, trace="b" * 32, first=100)
+    poll = client.get(f"/runs/{task.task_id}/", {"trace_version": version}, HTTP_HX_REQUEST="true")
+    assert poll.status_code == 200 and poll.content.decode().count('class="waterfall__row') == 5
