@@ -2,7 +2,15 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from approvals.models import ApprovalDecision, ApprovalRequest, EscalationRule, PolicyTier, Tool
+from approvals.models import (
+    ApprovalDecision,
+    ApprovalRequest,
+    EscalationRule,
+    Notification,
+    NotificationChannel,
+    PolicyTier,
+    Tool,
+)
 from console.lib.admin import ReadOnlyAdmin
 
 
@@ -42,15 +50,46 @@ class DecisionInline(admin.TabularInline):
         return False
 
 
+class NotificationInline(admin.TabularInline):
+    model = Notification
+    extra = 0
+    can_delete = False
+    fields = ["channel", "status", "attempts", "last_error", "next_attempt_at", "sent_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(ReadOnlyAdmin):
     list_display = ["approval_id", "tenant", "call_id", "risk_tier", "status", "approvals_needed", "expires_at"]
     list_filter = ["status", "risk_tier", "tenant"]
     search_fields = ["approval_id", "call_id", "operation__operation_id", "task__task_id"]
-    inlines = [DecisionInline]
+    inlines = [DecisionInline, NotificationInline]
 
 
 @admin.register(ApprovalDecision)
 class ApprovalDecisionAdmin(ReadOnlyAdmin):
     list_display = ["request", "reviewer", "verdict", "created_at"]
     list_filter = ["verdict"]
+
+
+@admin.register(NotificationChannel)
+class NotificationChannelAdmin(admin.ModelAdmin):
+    list_display = ["tier", "kind", "target", "tenant", "enabled", "description"]
+    list_filter = ["tier", "kind", "enabled", "tenant"]
+    list_editable = ["enabled"]
+    search_fields = ["target", "description"]
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    """Deliveries are evidence: every failure stays visible (`errors`), nobody edits them."""
+
+    list_display = ["approval", "channel", "status", "attempts", "last_error", "next_attempt_at", "sent_at"]
+    list_filter = ["status", "channel__kind", "channel__tier"]
+    search_fields = ["approval__approval_id", "channel__target", "last_error"]

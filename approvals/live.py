@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Sequence
 from urllib.parse import parse_qs, urlencode
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.template.loader import render_to_string
 
 from approvals import selectors
@@ -96,11 +98,26 @@ def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
     ]
     if inserted:
         parts.append(render_to_string("approvals/_inbox_rows_oob.html", {"rows": list(reversed(inserted))}))
-    counts = selectors.tier_counts(scope)
+    counts = _tier_counts_for_batch(scope, events)
     parts.append(render_to_string("approvals/_tier_counts.html", {
         "counts": counts, "total": sum(counts.values()), "oob": True, "max_tier": scope.highest_tier(),
     }))
     return "".join(parts)
+
+
+def _tier_counts_for_batch(scope, events: Sequence) -> dict[int, int]:
+    """Every open inbox in this process renders the same batch: the counts (a GROUP BY over
+    every pending request) are computed once per batch and tenant set, not once per socket.
+    The key is the batch's event ids: another batch (a later event, or one that committed
+    late with a lower id) computes them again, so they never lag behind the rows they come with."""
+    ids = ",".join(str(e.id) for e in sorted(events, key=lambda e: e.id))
+    tenants = ",".join(str(t) for t in sorted(scope.tenant_ids))
+    key = "approvals:tier_counts:" + hashlib.sha256(f"{tenants}|{ids}".encode()).hexdigest()
+    counts = cache.get(key)
+    if counts is None:
+        counts = selectors.tier_counts(scope)
+        cache.set(key, counts, 5)
+    return counts
 
 
 def render_approval(user: AbstractBaseUser, events: Sequence, arg: str) -> str:

@@ -185,3 +185,70 @@ class ApprovalDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reviewer} {self.verdict} {self.request_id}"
+
+
+class NotificationChannel(models.Model):
+    """Where new pending requests of one tier are announced (webhook or email)."""
+
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook"
+        EMAIL = "email"
+
+    tenant = models.ForeignKey(
+        "console.Tenant", on_delete=models.CASCADE, null=True, blank=True, related_name="notification_channels",
+        help_text="Empty: requests of every tenant.",
+    )
+    tier = models.PositiveSmallIntegerField(choices=RiskTier.choices, help_text="Requests of exactly this tier.")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    target = models.CharField(max_length=500, help_text="The webhook's URL, or an email address.")
+    enabled = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["tier", "id"]
+
+    def __str__(self) -> str:
+        return f"L{self.tier} {self.kind} → {self.target}"
+
+    def clean(self) -> None:
+        # A target that can never be delivered to is refused where it is typed (the admin),
+        # not discovered at the first pending request.
+        from django.core.exceptions import ValidationError
+        from django.core.validators import EmailValidator, URLValidator
+
+        validator = URLValidator(schemes=["http", "https"]) if self.kind == self.Kind.WEBHOOK else EmailValidator()
+        try:
+            validator(self.target)
+        except ValidationError as exc:
+            raise ValidationError({"target": f"Not a valid {'http(s) URL' if self.kind == self.Kind.WEBHOOK else 'email address'}."}) from exc
+
+
+class NotificationStatus(models.TextChoices):
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+class Notification(models.Model):
+    """One delivery of one approval request to one channel; every failed attempt is kept in
+    `errors` (the broker may lose or repeat the task: this row decides)."""
+
+    channel = models.ForeignKey(NotificationChannel, on_delete=models.PROTECT, related_name="notifications")
+    approval = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="notifications")
+    status = models.CharField(max_length=8, choices=NotificationStatus.choices, default=NotificationStatus.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    errors = models.JSONField(default=list, blank=True, help_text="Every failed attempt: {attempt, at, error}.")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "approval"], name="notification_one_per_channel"),
+        ]
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="notification_due_idx")]
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} → {self.channel} ({self.status})"

@@ -12,12 +12,13 @@ preview and the task contract are in view; the form carries the arguments hash t
 
 from __future__ import annotations
 
+import csv
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -26,9 +27,9 @@ from django.views.decorators.http import require_POST
 
 from approvals import selectors
 from approvals import services as approval_services
-from approvals.forms import ApproveForm, InboxFilterForm, RejectForm
+from approvals.forms import ApproveForm, ArgumentsForm, InboxFilterForm, RejectForm
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.selectors import ReviewerScope
+from approvals.selectors import InboxFilters, ReviewerScope
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
 from ledger.adapters import get_adapter
@@ -90,13 +91,16 @@ def inbox(request: HttpRequest) -> HttpResponse:
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
     last_event_id = console_live.latest_event_id()
-    paginator = Paginator(selectors.inbox(request.user, scope, filters), PAGE_SIZE)
+    counts = selectors.tier_counts(scope)
+    paginator = Paginator(selectors.inbox_ids(scope, filters), PAGE_SIZE)
+    if filters.is_empty() or filters == InboxFilters(tier=filters.tier):
+        # The per-tier counts already say how many rows there are: no second COUNT(*).
+        paginator.count = counts.get(filters.tier, 0) if filters.tier is not None else sum(counts.values())
     page = paginator.get_page(request.GET.get("page"))
-    rows = decorate_rows(page.object_list, scope)
+    rows = decorate_rows(selectors.inbox_rows(request.user, list(page.object_list)), scope)
 
     from approvals.live import encode_inbox_arg
 
-    counts = selectors.tier_counts(scope)
     query = request.GET.copy()
     query.pop("page", None)
     context: dict[str, Any] = {
@@ -104,6 +108,9 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "form": form,
         "filters": filters,
         "page": page,
+        # 10,000 pending requests are 400 pages: link the first, last and nearby ones only.
+        "page_range": list(paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)),
+        "ellipsis": Paginator.ELLIPSIS,
         "rows": rows,
         "counts": counts,
         "total": sum(counts.values()),
@@ -179,6 +186,9 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
         "error": error,
         "error_field": error_field,
         "last_event_id": console_live.latest_event_id(),
+        "notifications": selectors.notifications_for(approval.approval_id),
+        "edited_from": selectors.edited_from(approval.approval_id),
+        "can_edit": context["can_decide"] and bool((tool.json_schema or {}).get("properties")),
     })
     return context
 
@@ -268,3 +278,106 @@ def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
         return _after_decision(request, approval_id)
     messages.success(request, "The request is rejected.")
     return redirect(reverse("approvals:detail", args=[approval_id]))
+
+
+# --------------------------------------------------------------------------- edit and approve
+
+
+def _arguments_form(approval: ApprovalRequest, data=None) -> ArgumentsForm:
+    tool = approval.operation.tool
+    return ArgumentsForm(data, schema=tool.json_schema, current=approval.operation.arguments,
+                         secret_fields=tool.secret_fields,
+                         initial={"arguments_hash": approval.arguments_hash})
+
+
+@login_required
+def edit(request: HttpRequest, approval_id: str) -> HttpResponse:
+    """GET: the arguments as a form generated from the tool's schema. POST: approve the edited
+    call — a new call, operation and request through the gate (`approval_edit_and_approve`)."""
+    scope = selectors.reviewer_scope(request.user)
+    approval = _get_approval_for_user(request.user, approval_id, scope)
+    context = review_context(request.user, scope, approval)
+    status = 200
+    if request.method == "POST":
+        form = _arguments_form(approval, request.POST)
+        if form.is_valid():
+            arguments = form.arguments()
+        if form.is_valid():  # arguments() may have added parse errors
+            try:
+                result = approval_services.approval_edit_and_approve(
+                    approval_id=approval_id, reviewer=request.user, arguments=arguments,
+                    reason=form.cleaned_data.get("reason") or "",
+                    arguments_hash=form.cleaned_data.get("arguments_hash") or None,
+                )
+            except DomainError as exc:
+                if isinstance(exc, NotFound):
+                    raise Http404(exc.message) from exc
+                if isinstance(exc, InvalidInput) and exc.details.get("errors"):
+                    form.add_schema_errors(exc.details["errors"])
+                elif isinstance(exc, InvalidInput) and exc.details.get("field") == "reason":
+                    form.add_error("reason", exc.message)
+                else:
+                    form.add_error(None, exc.message)
+                status = error_status(exc)
+            else:
+                if result.new is not None:
+                    messages.success(request, f"Edited call {result.call_id} created and approved by you "
+                                              f"(L{result.new.risk_tier}); the original request is superseded.")
+                    return redirect(reverse("approvals:detail", args=[result.new.approval_id]))
+                messages.success(request, f"Edited call {result.call_id} runs without approval at its new tier; "
+                                          "the original request is superseded.")
+                return redirect(reverse("approvals:detail", args=[approval_id]))
+        else:
+            status = 400
+    else:
+        form = _arguments_form(approval)
+    context.update({"active_nav": "approvals", "form": form, "tool": approval.operation.tool,
+                    "task": approval.task})
+    return render(request, "approvals/edit.html", context, status=status)
+
+
+# ------------------------------------------------------------------------------------ export
+
+
+def _export_decisions(request: HttpRequest):
+    scope = selectors.reviewer_scope(request.user)
+    choices = selectors.filter_choices(scope)
+    form = InboxFilterForm(request.GET or None, tools=choices["tools"], task_types=choices["task_types"])
+    return selectors.decisions_for_export(scope, form.filters())
+
+
+def _csv_cell(value: Any) -> Any:
+    # Reasons and call IDs are typed by people and agents: a leading = + - @ would be a
+    # formula in a spreadsheet (CSV injection), so it is quoted as text.
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@login_required
+def export_csv(request: HttpRequest) -> StreamingHttpResponse:
+    decisions = _export_decisions(request)
+    writer = csv.writer(_Echo())
+
+    def rows():
+        yield writer.writerow(selectors.EXPORT_FIELDS)
+        for decision in decisions.iterator(chunk_size=500):
+            row = selectors.export_row(decision)
+            yield writer.writerow([_csv_cell(row[name]) for name in selectors.EXPORT_FIELDS])
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="approval-decisions.csv"'
+    return response
+
+
+@login_required
+def export_json(request: HttpRequest) -> JsonResponse:
+    decisions = [selectors.export_row(d) for d in _export_decisions(request).iterator(chunk_size=500)]
+    response = JsonResponse({"decisions": decisions, "count": len(decisions)})
+    response["Content-Disposition"] = 'attachment; filename="approval-decisions.json"'
+    return response

@@ -80,6 +80,16 @@ def create_pending_approval(
     )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """The inbox caches its task-type choices for a minute; each test starts without them."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 @pytest.fixture
 def make_approval(agent):
     def factory(**kwargs: Any) -> ApprovalRequest:

@@ -158,10 +158,16 @@ def test_the_inbox_query_count_does_not_grow_with_rows(client, reviewer, make_ap
 
 def test_the_detail_query_count_does_not_grow_with_decisions(client, senior, senior2, make_approval,
                                                              django_assert_max_num_queries):
+    from approvals.models import NotificationChannel
+
+    for target in ("a@example.com", "b@example.com"):
+        NotificationChannel.objects.create(tier=4, kind="email", target=target)
     approval = make_approval(risk_tier=4)
     client.force_login(senior)
     client.post(approve_url(approval), {"reason": "ok"})
-    with django_assert_max_num_queries(7):
+    assert approval.notifications.count() == 2
+    # 7, plus one for the notifications (channels joined) and one for the request it edits.
+    with django_assert_max_num_queries(9):
         response = client.get(detail_url(approval))
     assert response.status_code == 200
 
@@ -397,3 +403,17 @@ def test_the_approval_stream_follows_the_operation_status(reviewer, mine):
     assert "badge--authorized" in html
     assert 'id="decision-panel"' in html  # closed: the forms go
     assert render_approval(reviewer, events, "apr_other") == ""
+
+
+def test_the_pagination_links_nearby_pages_only(client, reviewer, make_approval, monkeypatch):
+    from approvals import views
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 1)
+    for _ in range(8):
+        make_approval()
+    client.force_login(reviewer)
+    response = client.get(inbox_url(page=1))
+    assert response.context["page_range"] == [1, 2, 3, "…", 8]
+    body = response.content.decode()
+    assert "page=8" in body and "page=5" not in body
+    assert response.context["page"].paginator.count == 8

@@ -94,6 +94,15 @@ def asgi_server(transactional_db) -> Iterator[str]:
             proc.wait()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """The inbox caches its task-type choices for a minute (per process: the live server's
+    too); each test starts without them."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def make_approval(agent):
     def factory(**kwargs):

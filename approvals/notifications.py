@@ -1,0 +1,202 @@
+"""Notifications of new pending approval requests, per tier (webhook or email).
+
+`notifications_plan(approval)` runs inside the transaction that creates the request: it writes
+one `Notification` row (pending) per enabled channel of the request's tier and tenant, and
+enqueues their deliveries **on commit** (PITFALLS: a worker must not read an uncommitted row,
+and a rolled-back request must announce nothing). An edit that raises a call to L4 creates a
+new L4 request, so the L4 channels hear about it like any other L4 request.
+
+Delivery (`notification_deliver`, run by the Celery task `approvals.deliver_notification`)
+holds no transaction across the network call: it claims the attempt with a compare-and-set,
+calls the channel, then records the outcome. A failure is kept (`errors`, `last_error`) and
+the next attempt is scheduled with exponential backoff until `NOTIFICATION_MAX_ATTEMPTS`;
+after that the row is `failed` — visible in the admin and on the request's page. The broker
+may lose or repeat the task: a repeat of a sent row is a no-op, and
+`notifications_enqueue_due` (meant for Celery beat) re-enqueues pending rows that are due.
+
+Settings (all optional, read with getattr; `console/settings.py` should declare them):
+`PUBLIC_BASE_URL` (absolute links in webhooks and emails, default http://127.0.0.1:8000),
+`NOTIFICATION_MAX_ATTEMPTS` (5), `NOTIFICATION_BACKOFF_SECONDS` (base, 2),
+`NOTIFICATION_BACKOFF_CAP_SECONDS` (600), `NOTIFICATION_TIMEOUT_SECONDS` (5).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import F, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, Notification, NotificationChannel, NotificationStatus
+
+N = NotificationStatus
+MAX_ERROR_CHARS = 1000
+
+
+def _setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def max_attempts() -> int:
+    return int(_setting("NOTIFICATION_MAX_ATTEMPTS", 5))
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Delay before attempt `attempt + 1`: base · 2^(attempt − 1), capped."""
+    base = float(_setting("NOTIFICATION_BACKOFF_SECONDS", 2.0))
+    cap = float(_setting("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0))
+    return min(cap, base * (2 ** max(0, attempt - 1)))
+
+
+def public_base_url() -> str:
+    return str(_setting("PUBLIC_BASE_URL", "http://127.0.0.1:8000")).rstrip("/")
+
+
+def approval_url(approval: ApprovalRequest) -> str:
+    return public_base_url() + reverse("approvals:detail", args=[approval.approval_id])
+
+
+def channels_for(approval: ApprovalRequest):
+    return NotificationChannel.objects.filter(
+        Q(tenant__isnull=True) | Q(tenant_id=approval.tenant_id), enabled=True, tier=approval.risk_tier,
+    ).order_by("id")
+
+
+def notifications_plan(approval: ApprovalRequest) -> list[int]:
+    """Inside the creating transaction: one pending row per matching channel; deliveries are
+    enqueued once (and only if) the transaction commits."""
+    now = timezone.now()
+    rows = [Notification(channel=channel, approval=approval, next_attempt_at=now) for channel in channels_for(approval)]
+    if not rows:
+        return []
+    created = Notification.objects.bulk_create(rows)
+    ids = [n.pk for n in created if n.pk is not None]
+    if not ids:  # backends that do not return primary keys from bulk_create
+        ids = list(Notification.objects.filter(approval=approval).values_list("pk", flat=True))
+    transaction.on_commit(lambda: [enqueue_delivery(pk) for pk in ids])
+    return ids
+
+
+def enqueue_delivery(notification_id: int, *, countdown: float | None = None) -> None:
+    from approvals.tasks import deliver_notification
+
+    deliver_notification.apply_async(args=[notification_id], countdown=countdown)
+
+
+def payload(approval: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "approval_id": approval.approval_id,
+        "call_id": approval.call_id,
+        "tool": approval.operation.tool.name,
+        "tier": approval.risk_tier,
+        "expires_at": approval.expires_at.isoformat(),
+        "url": approval_url(approval),
+        # Additional fields; the six above are the contract.
+        "tenant": approval.tenant.slug,
+        "operation_id": approval.operation_id,
+        "task_id": approval.task_id,
+        "approvals_needed": approval.approvals_needed,
+        "reasons": list(approval.escalation_reasons or []),
+    }
+
+
+class DeliveryError(Exception):
+    pass
+
+
+def _send_webhook(channel: NotificationChannel, body: dict[str, Any]) -> None:
+    timeout = float(_setting("NOTIFICATION_TIMEOUT_SECONDS", 5.0))
+    try:
+        response = httpx.post(channel.target, content=json.dumps(body), timeout=timeout,
+                              headers={"Content-Type": "application/json", "User-Agent": "Countersign"})
+    except httpx.HTTPError as exc:
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+    if not 200 <= response.status_code < 300:
+        raise DeliveryError(f"HTTP {response.status_code}: {response.text[:200]}")
+
+
+def _send_email(channel: NotificationChannel, body: dict[str, Any]) -> None:
+    subject = f"[Countersign] L{body['tier']} approval needed: {body['tool']} {body['call_id']}"
+    lines = [
+        f"An L{body['tier']} call needs {body['approvals_needed']} approval(s).",
+        "",
+        f"Tool: {body['tool']}",
+        f"Call: {body['call_id']}",
+        f"Task: {body['task_id']}",
+        f"Expires: {body['expires_at']}",
+        *[f"Why: {r}" for r in body["reasons"]],
+        "",
+        f"Review it: {body['url']}",
+    ]
+    try:
+        send_mail(subject, "\n".join(lines), None, [channel.target], fail_silently=False)
+    except Exception as exc:  # any transport error is a failed attempt, recorded
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+
+
+SENDERS = {
+    NotificationChannel.Kind.WEBHOOK: _send_webhook,
+    NotificationChannel.Kind.EMAIL: _send_email,
+}
+
+
+def notification_deliver(*, notification_id: int) -> Notification | None:
+    """One delivery attempt. Returns the row as recorded (None if it does not exist).
+
+    Claim (compare-and-set on attempts) → send, outside any transaction → record. Two copies of
+    the task racing for one row: only one claims the attempt; the other returns.
+    """
+    notification = (
+        Notification.objects.select_related("channel", "approval__operation__tool", "approval__tenant")
+        .filter(pk=notification_id).first()
+    )
+    if notification is None or notification.status != N.PENDING:
+        return notification
+    attempt = notification.attempts + 1
+    claimed = Notification.objects.filter(
+        pk=notification.pk, status=N.PENDING, attempts=notification.attempts
+    ).update(attempts=F("attempts") + 1)
+    if claimed != 1:
+        return Notification.objects.filter(pk=notification_id).first()
+    error = ""
+    try:
+        sender = SENDERS.get(notification.channel.kind)
+        if sender is None:
+            raise DeliveryError(f"unknown channel kind {notification.channel.kind!r}")
+        sender(notification.channel, payload(notification.approval))
+    except DeliveryError as exc:
+        error = str(exc)[:MAX_ERROR_CHARS] or "delivery failed"
+    now = timezone.now()
+    if not error:
+        Notification.objects.filter(pk=notification.pk).update(status=N.SENT, sent_at=now, next_attempt_at=None)
+    else:
+        with transaction.atomic():
+            row = Notification.objects.select_for_update().get(pk=notification.pk)
+            row.errors = [*row.errors, {"attempt": attempt, "at": now.isoformat(), "error": error}]
+            row.last_error = error
+            if attempt >= max_attempts():
+                row.status, row.next_attempt_at = N.FAILED, None
+            else:
+                row.next_attempt_at = now + timedelta(seconds=backoff_seconds(attempt))
+            row.save(update_fields=["errors", "last_error", "status", "next_attempt_at"])
+    return Notification.objects.filter(pk=notification_id).first()
+
+
+def notifications_enqueue_due(*, now=None, limit: int = 500) -> int:
+    """Re-enqueue pending deliveries that are due (a lost broker message, a worker that died).
+    Meant for Celery beat; a duplicate enqueue is harmless (the claim above)."""
+    now = now or timezone.now()
+    ids = list(
+        Notification.objects.filter(status=N.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at").values_list("pk", flat=True)[:limit]
+    )
+    for pk in ids:
+        enqueue_delivery(pk)
+    return len(ids)

@@ -1,0 +1,261 @@
+"""Edit and approve: a reviewer's changed arguments become a new call, operation and request
+through the same gate; the old request is superseded and its operation cancelled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from approvals import services
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
+from console.lib.canonical import arguments_hash
+from console.lib.errors import Conflict, InvalidInput, NotPermitted
+from console.lib.ids import derive_operation_id
+from ledger.models import Call, Event, Operation, OperationStatus
+from ledger.proposals import call_propose
+from tests.api.conftest import start_task
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+
+A = ApprovalStatus
+S = OperationStatus
+
+
+def refund(amount: float | int, **changes: Any) -> dict[str, Any]:
+    return {"order_id": "ord-42", "amount": amount, "currency": "EUR", "reason": "damaged", **changes}
+
+
+def propose(agent, *, amount: float | int = 120, call_id: str = "call-1", step_id: str = "step-1",
+            constraints: dict | None = None) -> ApprovalRequest:
+    run = start_task(agent, constraints=constraints or {"max_amount": 2000})
+    proposal = call_propose(principal=agent, task_id=run.task_id, call_id=call_id, step_id=step_id,
+                            tool_name="payments.refund", arguments=refund(amount),
+                            expected_version=run.version, fencing_token=run.fencing_token)
+    assert proposal.decision == "awaiting_approval"
+    return ApprovalRequest.objects.get(pk=proposal.approval_id)
+
+
+def fresh(request: ApprovalRequest) -> ApprovalRequest:
+    return ApprovalRequest.objects.get(pk=request.pk)
+
+
+def op(operation_id: str) -> Operation:
+    return Operation.objects.get(pk=operation_id)
+
+
+def snapshot() -> tuple[int, int, int, int, int]:
+    return (Operation.objects.count(), Call.objects.count(), ApprovalRequest.objects.count(),
+            ApprovalDecision.objects.count(), Event.objects.count())
+
+
+@pytest.fixture
+def l3(agent) -> ApprovalRequest:
+    return propose(agent, amount=120)
+
+
+# ------------------------------------------------------------------------------------ service
+
+
+def test_an_edit_is_a_new_call_operation_and_request_and_the_old_one_is_superseded(
+        l3, reviewer, django_capture_on_commit_callbacks):
+    old_operation = op(l3.operation_id)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                                    arguments=refund(80), reason="only part was damaged")
+    new = fresh(result.new)
+    assert (result.call_id, result.step_id) == ("call-1-edit-1", "step-1~edit1")
+    # The step ID is what makes the operation ID distinct: (tenant, task, step, tool).
+    assert result.operation_id == new.operation_id == derive_operation_id(
+        tenant="acme", task_id=l3.task_id, step_id="step-1~edit1", tool="payments.refund")
+    assert new.operation_id != l3.operation_id and new.approval_id != l3.approval_id
+    assert new.call_id == "call-1-edit-1"
+    assert new.arguments_hash == arguments_hash(refund(80)) != l3.arguments_hash
+    # The gate recomputed the tier (80 > 50: still L3) and the editor's approval was enough.
+    assert (new.risk_tier, new.approvals_needed, new.status) == (3, 1, A.APPROVED)
+    decision = new.decisions.get()
+    assert (decision.reviewer, decision.verdict, decision.arguments_hash) == (reviewer, "approve", new.arguments_hash)
+    assert "only part was damaged" in decision.reason
+    new_operation = op(new.operation_id)
+    assert (new_operation.status, new_operation.arguments, new_operation.call_id) == (
+        S.AUTHORIZED, refund(80), "call-1-edit-1")
+    assert Call.objects.get(call_id="call-1-edit-1").operation == new_operation
+    # The old request and operation: closed, never changed in place.
+    old = fresh(l3)
+    assert (old.status, old.superseded_by_id, old.arguments_hash) == (A.SUPERSEDED, new.approval_id, l3.arguments_hash)
+    assert old.decided_at is not None and not old.decisions.exists()
+    closed = op(l3.operation_id)
+    assert (closed.status, closed.arguments, closed.arguments_hash) == (
+        S.CANCELLED, old_operation.arguments, old_operation.arguments_hash)
+    supersede = Event.objects.get(entity="approval", entity_id=l3.approval_id, to_status=A.SUPERSEDED)
+    assert supersede.actor == "user:reviewer"
+    assert supersede.evidence["approval_id"] == new.approval_id
+    assert supersede.evidence["previous_arguments_hash"] == l3.arguments_hash
+    assert Event.objects.filter(entity="operation", entity_id=l3.operation_id, to_status=S.CANCELLED).exists()
+    # Exactly one dispatch of the new operation is published, and only on commit.
+    assert len(callbacks) == 1
+
+
+def test_an_edit_that_raises_the_tier_to_l4_still_needs_a_second_distinct_approver(l3, senior, senior2):
+    result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
+                                                arguments=refund(250), reason="the full order")
+    new = fresh(result.new)
+    assert (new.risk_tier, new.approvals_needed, new.status) == (4, 2, A.PENDING)
+    assert any("250" in r and "L4" in r for r in new.escalation_reasons)
+    assert list(new.decisions.values_list("reviewer__username", flat=True)) == ["senior"]
+    assert op(new.operation_id).status == S.PLANNED
+    assert fresh(l3).status == A.SUPERSEDED
+    with pytest.raises(Conflict):
+        services.approval_approve(approval_id=new.approval_id, reviewer=senior)
+    services.approval_approve(approval_id=new.approval_id, reviewer=senior2, arguments_hash=new.arguments_hash)
+    assert fresh(new).status == A.APPROVED
+    assert op(new.operation_id).status == S.AUTHORIZED
+
+
+def test_an_editor_may_not_raise_a_call_above_their_own_tier(l3, reviewer):
+    before = snapshot()
+    with pytest.raises(NotPermitted):
+        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                           arguments=refund(250), reason="the full order")
+    assert snapshot() == before
+    assert fresh(l3).status == A.PENDING and op(l3.operation_id).status == S.PLANNED
+
+
+def test_a_reviewer_may_not_edit_a_request_above_their_tier(agent, reviewer):
+    l4 = propose(agent, amount=300)
+    before = snapshot()
+    with pytest.raises(NotPermitted):
+        services.approval_edit_and_approve(approval_id=l4.approval_id, reviewer=reviewer,
+                                           arguments=refund(40), reason="smaller")
+    assert snapshot() == before
+
+
+def test_an_edit_down_to_a_tier_that_runs_at_once_is_authorized_by_the_gate(l3, reviewer):
+    result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                                arguments=refund(30), reason="goodwill only")
+    assert result.new is None and result.decision == "dispatched"
+    operation = op(result.operation_id)
+    assert (operation.status, operation.risk_tier) == (S.AUTHORIZED, 1)
+    old = fresh(l3)
+    assert (old.status, old.superseded_by_id) == (A.SUPERSEDED, None)
+    event = Event.objects.get(entity="approval", entity_id=l3.approval_id, to_status=A.SUPERSEDED)
+    assert event.evidence["operation_id"] == result.operation_id
+    assert op(l3.operation_id).status == S.CANCELLED
+
+
+def test_arguments_that_break_the_schema_change_nothing(l3, reviewer):
+    before = snapshot()
+    with pytest.raises(InvalidInput) as info:
+        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                           arguments=refund(-5, currency="XXX"), reason="typo")
+    paths = {e["path"] for e in info.value.details["errors"]}
+    assert paths == {"amount", "currency"}
+    assert snapshot() == before
+
+
+def test_unchanged_arguments_a_stale_hash_and_a_missing_reason_are_refused(l3, reviewer):
+    before = snapshot()
+    with pytest.raises(InvalidInput):
+        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                           arguments=refund(120), reason="same")
+    with pytest.raises(Conflict):
+        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                           arguments=refund(80), reason="x", arguments_hash="0" * 64)
+    with pytest.raises(InvalidInput) as info:
+        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                           arguments=refund(80), reason="  ")
+    assert info.value.details == {"field": "reason"}
+    assert snapshot() == before
+
+
+def test_a_decided_request_cannot_be_edited(l3, reviewer, senior):
+    services.approval_approve(approval_id=l3.approval_id, reviewer=senior)
+    with pytest.raises(Conflict):
+        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+                                           arguments=refund(80), reason="late")
+
+
+def test_an_edit_of_an_edit_counts_on(l3, senior, senior2):
+    first = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
+                                               arguments=refund(250), reason="full order")
+    second = services.approval_edit_and_approve(approval_id=first.new.approval_id, reviewer=senior2,
+                                                arguments=refund(220), reason="minus shipping")
+    assert (second.call_id, second.step_id) == ("call-1-edit-2", "step-1~edit2")
+    assert fresh(first.new).superseded_by_id == second.new.approval_id
+    assert op(first.operation_id).status == S.CANCELLED
+    # senior2's approval is one of two on the newest request; senior's was on the superseded one.
+    assert fresh(second.new).status == A.PENDING
+    assert list(second.new.decisions.values_list("reviewer__username", flat=True)) == ["senior2"]
+
+
+def test_edit_identifiers_fit_the_ledgers_limits(agent):
+    long_call = "c" * 64
+    call_id, step_id = services.edit_identifiers(task_id="none", call_id=long_call, step_id="s" * 128)
+    assert call_id.endswith("-edit-1") and len(call_id) == 64
+    assert step_id.endswith("~edit1") and len(step_id) == 128
+
+
+# -------------------------------------------------------------------------------------- views
+
+
+def edit_url(approval: ApprovalRequest) -> str:
+    return reverse("approvals:edit", args=[approval.approval_id])
+
+
+def form_data(approval: ApprovalRequest, **values: Any) -> dict[str, Any]:
+    data = {"arg__order_id": "ord-42", "arg__amount": "120", "arg__currency": "EUR", "arg__reason": "damaged",
+            "reason": "checked with the customer", "arguments_hash": approval.arguments_hash}
+    data.update(values)
+    return data
+
+
+def test_the_edit_form_is_generated_from_the_tools_schema(client, reviewer, l3):
+    client.force_login(reviewer)
+    response = client.get(edit_url(l3))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert 'name="arg__amount"' in body and 'value="120"' in body
+    assert '<select name="arg__currency"' in body and '<option value="GBP">' in body
+    assert f'value="{l3.arguments_hash}"' in body
+    detail = client.get(reverse("approvals:detail", args=[l3.approval_id])).content.decode()
+    assert f'href="{edit_url(l3)}"' in detail
+
+
+def test_posting_the_edit_approves_the_new_call_and_shows_it(client, reviewer, l3):
+    client.force_login(reviewer)
+    response = client.post(edit_url(l3), form_data(l3, arg__amount="80.50"))
+    new = ApprovalRequest.objects.get(call_id="call-1-edit-1")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("approvals:detail", args=[new.approval_id])
+    assert op(new.operation_id).arguments["amount"] == 80.5
+    page = client.get(response["Location"]).content.decode()
+    assert 'id="edited-from"' in page and l3.approval_id in page
+    old_page = client.get(reverse("approvals:detail", args=[l3.approval_id])).content.decode()
+    assert 'id="superseded-note"' in old_page and new.approval_id in old_page
+
+
+def test_a_schema_error_is_shown_on_its_field(client, reviewer, l3):
+    client.force_login(reviewer)
+    before = snapshot()
+    response = client.post(edit_url(l3), form_data(l3, arg__amount="-3"))
+    assert response.status_code == 400
+    assert "-3" in response.context["form"].errors["arg__amount"][0]  # the gate's validator, on its field
+    response = client.post(edit_url(l3), form_data(l3, arg__amount="lots"))
+    assert response.status_code == 400
+    assert response.context["form"].errors["arg__amount"] == ["Enter a number."]
+    assert snapshot() == before
+
+
+def test_a_tier_above_the_editor_is_refused_with_403(client, reviewer, l3):
+    client.force_login(reviewer)
+    response = client.post(edit_url(l3), form_data(l3, arg__amount="250"))
+    assert response.status_code == 403
+    assert fresh(l3).status == A.PENDING
+
+
+def test_an_outsider_cannot_see_or_edit(client, outsider, l3):
+    client.force_login(outsider)
+    assert client.get(edit_url(l3)).status_code == 404
+    assert client.post(edit_url(l3), form_data(l3, arg__amount="80")).status_code == 404
+    assert fresh(l3).status == A.PENDING
