@@ -170,7 +170,11 @@ CELERY_TASK_DEFAULT_QUEUE = "fast"
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_ROUTES = {"ledger.reconcile_operation": {"queue": "slow"}, "ledger.sweep": {"queue": "fast"}}
 SWEEP_SECONDS = env_float("SWEEP_SECONDS", 2.0, minimum=0.1)
-CELERY_BEAT_SCHEDULE = {"ledger-sweep": {"task": "ledger.sweep", "schedule": SWEEP_SECONDS}}
+CELERY_BEAT_SCHEDULE = {
+    "ledger-sweep": {"task": "ledger.sweep", "schedule": SWEEP_SECONDS},
+    # Deliveries whose broker message was lost are queued again (the table decides, not the broker).
+    "approval-notifications": {"task": "approvals.enqueue_due_notifications", "schedule": 10.0},
+}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
 
@@ -249,6 +253,14 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "countersign@localhost")
+
+# --- Notifications of new approval requests (webhook or email per tier, admin) ------------------
+# Absolute links in notifications point here.
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://127.0.0.1:{PORT}")
+NOTIFICATION_MAX_ATTEMPTS = env_int("NOTIFICATION_MAX_ATTEMPTS", 5, minimum=1)
+NOTIFICATION_BACKOFF_SECONDS = env_float("NOTIFICATION_BACKOFF_SECONDS", 2.0, minimum=0)
+NOTIFICATION_BACKOFF_CAP_SECONDS = env_float("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0, minimum=0)
+NOTIFICATION_TIMEOUT_SECONDS = env_float("NOTIFICATION_TIMEOUT_SECONDS", 5.0, minimum=0.1)
 
 # Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
