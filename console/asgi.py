@@ -16,10 +16,12 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 
+from console import live  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 from console.tracing import setup_tracing  # noqa: E402
 
 setup_tracing(instrument_django=True)
+live.SERVING = True
 
 application = ProtocolTypeRouter(
     {

@@ -6,13 +6,19 @@ import asyncio
 import contextlib
 import logging
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from console import live
 
 logger = logging.getLogger(__name__)
+
+
+def in_thread(func):
+    # Not thread-sensitive: each socket's reads run in the pool, side by side, instead of
+    # queueing behind every other socket's on one shared thread.
+    return DatabaseSyncToAsync(func, thread_sensitive=False)
 
 
 # On PostgreSQL ids come from a sequence at insert time, but transactions commit in another
@@ -39,9 +45,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.sent_ids: set[int] = set()
         self.wakeup = asyncio.Event()
         await self.accept()
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(live.DOORBELL_GROUP, self.channel_name)
         self.poller = asyncio.create_task(self._poll())
 
     async def disconnect(self, code: int) -> None:
+        if self.channel_layer is not None and hasattr(self, "wakeup"):
+            await self.channel_layer.group_discard(live.DOORBELL_GROUP, self.channel_name)
         poller = getattr(self, "poller", None)
         if poller is not None:
             poller.cancel()
@@ -53,7 +63,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         try:
             self.last_event_id = max(0, int(raw))
         except (TypeError, ValueError):
-            self.last_event_id = await database_sync_to_async(live.latest_event_id)()
+            self.last_event_id = await in_thread(live.latest_event_id)()
+        self.wakeup.set()
+
+    async def events_committed(self, message) -> None:
+        """The doorbell: something committed; look now instead of at the next poll."""
         self.wakeup.set()
 
     async def _poll(self) -> None:
@@ -62,11 +76,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wakeup.wait(), timeout=2)
         if self.last_event_id is None:
-            self.last_event_id = await database_sync_to_async(live.latest_event_id)()
-        self.sent_ids = await database_sync_to_async(self._ids_already_shown)()
+            self.last_event_id = await in_thread(live.latest_event_id)()
+        self.sent_ids = await in_thread(self._ids_already_shown)()
         while True:
             self.wakeup.clear()
-            html, last = await database_sync_to_async(self._next_batch)()
+            html, last = await in_thread(self._next_batch)()
             if html is not None:
                 self.last_event_id = last
                 await self.send(text_data=html)

@@ -8,13 +8,19 @@ event id it saw). Apps register their streams here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection, transaction
 from django.template.loader import render_to_string
 
 from console.access import tenant_ids_for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,36 @@ class Stream:
 
 
 STREAMS: dict[str, Stream] = {}
+
+# Consumers wait on the event table; after a commit that wrote events, this group is rung so
+# they look at once. The bell carries no data (the table does): a lost ring (channels_redis
+# drops over capacity) only costs the poll interval, never an update.
+DOORBELL_GROUP = "events"
+
+
+def ring_doorbell_on_commit() -> None:
+    """Called by record_event inside a transaction: one ring per transaction, after commit."""
+    from django.conf import settings
+
+    if settings.CHANNEL_LAYER_URL.startswith("memory://") and not SERVING:
+        return  # an in-process layer outside the server reaches no socket: the poll covers it
+    if any(entry[1] is _ring for entry in connection.run_on_commit):
+        return  # already rung once for this transaction
+    transaction.on_commit(_ring)
+
+
+def _ring() -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(DOORBELL_GROUP, {"type": "events.committed"})
+    except Exception:  # noqa: BLE001 - the bell is an optimisation; the poll still delivers
+        logger.warning("live doorbell failed", exc_info=True)
+
+
+# Set by console.asgi: this process serves the sockets, so its in-memory layer reaches them.
+SERVING = False
 
 
 def register(stream: Stream) -> None:

@@ -26,8 +26,10 @@ def record_event(
     reason: str = "",
     evidence: dict[str, Any] | None = None,
 ):
+    from console.live import ring_doorbell_on_commit
     from ledger.models import Event
 
+    ring_doorbell_on_commit()
     return Event.objects.create(
         tenant_id=tenant_id,
         entity=entity,
