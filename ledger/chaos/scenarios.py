@@ -1,0 +1,400 @@
+"""The chaos scenarios: each trial creates fresh operations (unique task, step and order IDs, so
+unique keys), injects one fault with real processes and signals, waits for the system to go quiet
+(a condition with a deadline, never a fixed sleep) and returns what to check.
+
+Numbers follow the issue: 1 kill after provider success, 2 kill before the dispatch commit,
+7 duplicate delivery, 8 timeout on a tool without idempotency, 3 zombie worker, 10 retry burst,
+11 approval stale while queued, 9 worker clocks off by ±30 s.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import services as approval_services
+from approvals.defaults import REFUND_SCHEMA, ensure_policy_defaults
+from approvals.models import ApprovalRequest, Tool
+from console.lib.ids import derive_operation_id
+from console.lib.procs import wait_until
+from console.models import AgentPrincipal, Membership, Role, Tenant
+from ledger.chaos import invariants
+from ledger.chaos.invariants import Expect, Finding
+from ledger.chaos.stack import TOOL_TIMEOUT_SECONDS, ChaosStack
+from ledger.models import Attempt, Event, Operation, OperationStatus
+from ledger.retry import backoff_bounds
+from ledger.sandbox.client import effects as provider_effects
+from ledger.tasks import dispatch_operation
+from runs import services as run_services
+from runs.models import Task, TaskStatus
+
+S = OperationStatus
+QUIET_SECONDS = 60.0
+TENANT_SLUG = "chaos"
+AGENT_NAME = "chaos-agent"
+REVIEWER = "chaos-reviewer"
+
+# Tool variants of payments.refund, so a chaos run never edits the product's own tools.
+REFUND = "chaos.refund"  # native idempotency key, retries rate limits and 503s
+NO_IDEMPOTENCY = "chaos.refund-no-idempotency"  # scenario 8: the provider cannot be asked
+NO_RETRY = "chaos.refund-no-retry"  # scenario 10: nothing is retryable
+NEEDS_APPROVAL = "chaos.refund-approval"  # scenario 11: L3, one reviewer
+
+_TOOL_BASE = dict(
+    adapter="payments.refund", json_schema=REFUND_SCHEMA, kind=Tool.Kind.WRITE, queue=Tool.Queue.FAST,
+    timeout_seconds=TOOL_TIMEOUT_SECONDS, max_attempts=4, total_deadline_seconds=300,
+    backoff_base_seconds=0.5, backoff_cap_seconds=4.0, business_key="order_id", enabled=True,
+    retryable_errors=["rate_limited", "unavailable", "connect"], idempotency=Tool.Idempotency.NATIVE, base_tier=1,
+    description="Chaos harness variant of payments.refund.",
+)
+CHAOS_TOOLS = {
+    REFUND: {},
+    NO_IDEMPOTENCY: {"idempotency": Tool.Idempotency.NONE},
+    NO_RETRY: {"retryable_errors": []},
+    NEEDS_APPROVAL: {"base_tier": 3},
+}
+
+
+@dataclass
+class World:
+    tenant: Tenant
+    agent: AgentPrincipal
+    reviewer: object
+
+
+def ensure_world() -> World:
+    """Tools, tenant, agent and reviewer of the chaos runs; idempotent."""
+    ensure_policy_defaults()
+    with transaction.atomic():
+        for name, overrides in CHAOS_TOOLS.items():
+            Tool.objects.update_or_create(name=name, defaults={**_TOOL_BASE, **overrides})
+        tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Chaos"})
+        agent = AgentPrincipal.objects.filter(tenant=tenant, name=AGENT_NAME).first()
+        if agent is None:
+            agent = AgentPrincipal(tenant=tenant, name=AGENT_NAME)
+            agent.set_token(f"chaos-{uuid.uuid4().hex}")
+            agent.save()
+        agent.allowed_tools.set(Tool.objects.filter(name__in=CHAOS_TOOLS))
+        reviewer, _ = get_user_model().objects.get_or_create(username=REVIEWER)
+        Membership.objects.update_or_create(user=reviewer, tenant=tenant, role=Role.REVIEWER,
+                                            defaults={"max_tier": 4})
+    return World(tenant=tenant, agent=agent, reviewer=reviewer)
+
+
+# -- one trial ---------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    expectations: dict[str, Expect] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)  # found while driving the trial
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Proposed:
+    operation_id: str
+    task_id: str
+    lease_token: int
+    approval_id: str | None
+    decision: str
+
+
+def propose(world: World, *, tool: str, order_id: str, amount: float = 25,
+            before: Callable[[str], None] | None = None) -> Proposed:
+    """A fresh task, leased and running, proposing one refund. `before(operation_id)` runs
+    before the proposal commits its dispatch (to arm a seam for exactly this operation)."""
+    from ledger.proposals import call_propose
+
+    agent = world.agent
+    task = run_services.task_create(principal=agent, task_type="chaos", goal=f"chaos refund {order_id}")
+    lease = run_services.lease_acquire(task_id=task.task_id, owner="chaos-harness", ttl_seconds=3600)
+    for to in (TaskStatus.PLANNING, TaskStatus.RUNNING):
+        version = Task.objects.get(pk=task.task_id).version
+        run_services.task_transition(task_id=task.task_id, to=to, expected_version=version,
+                                     fencing_token=lease.fencing_token, actor=agent.ref)
+    step_id = "refund"
+    operation_id = derive_operation_id(tenant=world.tenant.slug, task_id=task.task_id, step_id=step_id, tool=tool)
+    if before is not None:
+        before(operation_id)
+    proposal = call_propose(
+        principal=agent, task_id=task.task_id, call_id=f"call-{uuid.uuid4().hex[:12]}", step_id=step_id,
+        tool_name=tool, arguments={"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "chaos"},
+        expected_version=Task.objects.get(pk=task.task_id).version, fencing_token=lease.fencing_token,
+    )
+    if proposal.operation_id != operation_id:
+        raise AssertionError(f"operation ID {proposal.operation_id} is not the derived {operation_id}")
+    return Proposed(operation_id, task.task_id, lease.fencing_token, proposal.approval_id, proposal.decision)
+
+
+def order(kind: str = "ok") -> str:
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
+
+
+def status(operation_id: str) -> str:
+    return Operation.objects.values_list("status", flat=True).get(pk=operation_id)
+
+
+def wait_status(operation_id: str, statuses, *, timeout: float = QUIET_SECONDS, what: str = "") -> None:
+    wanted = frozenset(statuses)
+    wait_until(lambda: status(operation_id) in wanted, timeout=timeout,
+               what=what or f"{operation_id} in {sorted(wanted)}", interval=0.05)
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stale_attempts_kept(operation: Operation, attempts: list[Attempt]) -> list[str]:
+    first = attempts[0] if attempts else None
+    if first is None or not first.stale or first.finished_at is None:
+        return ["the zombie's attempt 1 was not kept as stale evidence"]
+    return []
+
+
+# -- the scenarios -------------------------------------------------------------------------------
+
+def kill_after_provider(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """1. The provider committed; the worker dies before the receipt commits. The sweeper marks the
+    operation unknown at its deadline; reconciliation finds the effect: confirmed, 1 effect."""
+    seam = "after_provider_call"
+    p = propose(world, tool=REFUND, order_id=order(), before=lambda op: stack.arm(seam, op))
+    pid = stack.wait_blocked(seam, p.operation_id)
+    kill(pid)
+    return Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+
+
+def kill_before_dispatch(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """2. The worker dies inside the claim transaction, before `dispatched` commits: nothing was
+    recorded and nothing sent. The message is redelivered (reject on worker lost) or the sweeper
+    re-enqueues the still-authorized operation: dispatched again, 1 attempt, 1 effect."""
+    seam = "before_dispatch_commit"
+    p = propose(world, tool=REFUND, order_id=order(), before=lambda op: stack.arm(seam, op))
+    pid = stack.wait_blocked(seam, p.operation_id)
+    kill(pid)
+    return Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+
+
+_RESULT = re.compile(r"Task ledger\.dispatch_operation\[([0-9a-f-]+)\] (succeeded in [0-9.e-]+s: '[^']*'|raised .*)")
+
+
+def _dispatch_results(stack: ChaosStack) -> dict[str, str]:
+    """What each dispatch message did, by Celery task ID, from the workers' logs."""
+    results = {}
+    for child in stack.worker_children:
+        if child.log_path and child.log_path.exists():
+            results.update(dict(_RESULT.findall(child.log_path.read_text(errors="replace"))))
+    return results
+
+
+def duplicate_delivery(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """7. The broker delivers one dispatch several times: one or two copies race the original, and
+    one more arrives after the operation is confirmed (as after a visibility timeout). Every copy
+    is a no-op: 1 attempt, 1 effect."""
+    p = propose(world, tool=REFUND, order_id=order())
+    copies = [dispatch_operation.apply_async(args=[p.operation_id], queue="fast").id
+              for _ in range(rng.choice((1, 2)))]
+    trial = Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+    wait_status(p.operation_id, {S.CONFIRMED}, timeout=30)
+    copies.append(dispatch_operation.apply_async(args=[p.operation_id], queue="fast").id)
+    try:
+        wait_until(lambda: all(task_id in _dispatch_results(stack) for task_id in copies), timeout=30,
+                   what="every duplicate delivery to be consumed")
+    except TimeoutError:
+        # A copy the broker lost is not a protocol failure (the broker is at-least-once *and*
+        # lossy; the ledger and the sweeper do not need it), but it is worth seeing: a note.
+        missing = [task_id for task_id in copies if task_id not in _dispatch_results(stack)]
+        trial.notes.append(f"{p.operation_id}: the broker never delivered copies {missing} within 30s "
+                           f"(worker restarts so far: {len(stack.restarts)})")
+    results = _dispatch_results(stack)
+    for task_id in copies:
+        result = results.get(task_id, "")
+        if result and not re.search(r": '(noop:[a-z_]+|deferred:[a-z_]+|confirmed)'$", result):
+            trial.findings.append(Finding(invariants.VIOLATION, p.operation_id,
+                                          f"duplicate delivery {task_id} {result}"))
+    return trial
+
+
+def timeout_without_idempotency(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """8. The provider commits, then the reply times out, on a tool that can neither dedupe nor be
+    asked: unknown, then manual — no blind retry. 1 attempt, 1 effect (for a person to look at)."""
+    p = propose(world, tool=NO_IDEMPOTENCY, order_id=order("fault-timeout-after-commit"))
+    return Trial({p.operation_id: Expect(frozenset({S.MANUAL}), effects=1, attempts=1)})
+
+
+def zombie_worker(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """3. A worker is SIGSTOPped past its dispatch deadline, then resumed (SIGCONT) after the
+    system moved on without it. Its late writes are refused (its attempt kept as stale evidence)
+    and no status goes back. Two variants, alternating:
+
+    - frozen after `dispatched` committed, before calling the provider: the sweeper marks the
+      operation unknown, reconciliation finds no effect once the old request's horizon passed,
+      declares it retry-safe, and attempt 2 (new fencing token) confirms on another worker. The
+      zombie then either is fenced before it sends or replays the same key: 2 attempts, 1 effect.
+    - frozen after the provider succeeded, before recording: the sweeper marks it unknown and
+      reconciliation confirms from the provider; the zombie's success arrives late: 1 attempt,
+      1 effect.
+    """
+    seam = "before_provider_call" if index % 2 == 0 else "after_provider_call"
+    p = propose(world, tool=REFUND, order_id=order(), before=lambda op: stack.arm(seam, op))
+    pid = stack.wait_blocked(seam, p.operation_id)
+    kill(pid, signal.SIGSTOP)
+    attempts = 2 if seam == "before_provider_call" else 1
+    trial = Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=attempts,
+                                          extra=stale_attempts_kept)})
+    try:
+        wait_status(p.operation_id, {S.CONFIRMED, S.MANUAL, S.FAILED}, what="the takeover to settle")
+        events_before = Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=p.operation_id).count()
+    finally:
+        stack.release(seam, p.operation_id)
+        kill(pid, signal.SIGCONT)
+    wait_until(lambda: Attempt.objects.filter(operation_id=p.operation_id, number=1, finished_at__isnull=False)
+               .exists(), timeout=30, what="the zombie's late result")
+    events_after = Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=p.operation_id).count()
+    if events_after != events_before:
+        trial.findings.append(Finding(invariants.VIOLATION, p.operation_id,
+                                      f"the zombie's late result wrote {events_after - events_before} event(s)"))
+    return trial
+
+
+def retry_burst(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """10. 429s and 503s: retried within max attempts, never sooner than the backoff (or the
+    provider's Retry-After) allows; a tool that retries nothing stops at attempt 1."""
+    case = index % 3
+    if case == 0:  # every attempt rate limited: retried, then failed, never more than max
+        p = propose(world, tool=REFUND, order_id=order(rng.choice(("fault-429-always", "fault-5xx-before-commit-always"))))
+        expect = Expect(frozenset({S.FAILED}), effects=0, max_attempts=4, extra=_backoff_respected)
+    elif case == 1:  # one 503 / 429, then success
+        p = propose(world, tool=REFUND, order_id=order(rng.choice(("fault-5xx-before-commit", "fault-429"))))
+        expect = Expect(frozenset({S.CONFIRMED}), effects=1, attempts=2, extra=_backoff_respected)
+    else:  # not retryable on this tool: one attempt, failed
+        p = propose(world, tool=NO_RETRY, order_id=order("fault-429-always"))
+        expect = Expect(frozenset({S.FAILED}), effects=0, attempts=1)
+    return Trial({p.operation_id: expect})
+
+
+# Scheduling slack on top of the backoff window: the broker's ETA, the sweeper's re-enqueue,
+# and the circuit breaker's cooldown (it may hold retries back, never bring them forward).
+BACKOFF_EARLY_TOLERANCE = 0.25
+BACKOFF_LATE_SLACK = 12.0
+
+
+def _backoff_respected(operation: Operation, attempts: list[Attempt]) -> list[str]:
+    problems = []
+    tool = operation.tool
+    for before, after in zip(attempts, attempts[1:], strict=False):
+        if before.finished_at is None:
+            problems.append(f"attempt {before.number} never finished but attempt {after.number} ran")
+            continue
+        retry_after = (before.raw_response or {}).get("retry_after")
+        low, high = backoff_bounds(tool, before.number)
+        if retry_after is not None:
+            low = max(low, min(float(retry_after), tool.backoff_cap_seconds))
+            high = max(high, low)
+        gap = (after.started_at - before.finished_at).total_seconds()
+        if gap < low - BACKOFF_EARLY_TOLERANCE:
+            problems.append(f"attempt {after.number} came {gap:.2f}s after {before.number}, before the "
+                            f"backoff floor {low:.2f}s")
+        if gap > high + BACKOFF_LATE_SLACK:
+            problems.append(f"attempt {after.number} came {gap:.2f}s after {before.number}, well past the "
+                            f"backoff ceiling {high:.2f}s")
+    return problems
+
+
+def approval_goes_stale(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """11. The approval expires, or the task moves to a new version, while the authorized dispatch
+    waits in the queue: the dispatcher's re-check refuses it. Not dispatched, 0 effects."""
+    p = propose(world, tool=NEEDS_APPROVAL, order_id=order(), amount=120)
+    if p.approval_id is None:
+        raise AssertionError(f"expected an approval request, got {p.decision}")
+    expires = index % 2 == 0
+    # One transaction, so the dispatch message (published on commit) cannot overtake the fault.
+    with transaction.atomic():
+        approval_services.approval_approve(approval_id=p.approval_id, reviewer=world.reviewer, reason="chaos")
+        if expires:
+            ApprovalRequest.objects.filter(pk=p.approval_id).update(
+                expires_at=timezone.now() - timedelta(milliseconds=1))
+        else:
+            task = Task.objects.get(pk=p.task_id)
+            run_services.task_transition(task_id=p.task_id, to=TaskStatus.RUNNING, expected_version=task.version,
+                                         fencing_token=p.lease_token, actor=world.agent.ref,
+                                         reason="the agent moved on while the approval was queued")
+    wanted = frozenset({S.EXPIRED}) if expires else frozenset({S.CANCELLED})
+    return Trial({p.operation_id: Expect(wanted, effects=0, attempts=0)})
+
+
+def clock_skew(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
+    """9. Every worker's clock is off by ±30 s (the stack starts them skewed; beat is not). Safety
+    must not depend on clocks: at most one effect, exactly one once confirmed; a skewed worker may
+    push an operation to `manual` early, which is safe."""
+    fault = rng.choice(("ok", "fault-timeout-after-commit", "fault-429", "fault-5xx-after-commit"))
+    p = propose(world, tool=REFUND, order_id=order(fault))
+    return Trial({p.operation_id: Expect(frozenset({S.CONFIRMED, S.MANUAL}))})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    number: int
+    name: str
+    run: Callable[[ChaosStack, World, random.Random, int], Trial]
+    workers: int = 2
+    worker_skews: tuple[float, ...] = ()
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario(1, "kill-after-provider", kill_after_provider),
+    Scenario(2, "kill-before-dispatch", kill_before_dispatch),
+    Scenario(7, "duplicate-delivery", duplicate_delivery),
+    Scenario(8, "timeout-no-idempotency", timeout_without_idempotency),
+    Scenario(3, "zombie-worker", zombie_worker),
+    Scenario(10, "retry-burst", retry_burst),
+    Scenario(11, "approval-stale", approval_goes_stale),
+    Scenario(9, "clock-skew", clock_skew, worker_skews=(30.0, -30.0)),
+)}
+
+
+def get_scenario(name: str) -> Scenario:
+    for scenario in SCENARIOS.values():
+        if name in (scenario.name, str(scenario.number)):
+            return scenario
+    raise KeyError(f"unknown scenario {name!r}; known: {', '.join(f'{s.number}/{s.name}' for s in SCENARIOS.values())}")
+
+
+def run_trial(scenario: Scenario, stack: ChaosStack, world: World, rng: random.Random, index: int,
+              *, quiet_seconds: float = QUIET_SECONDS, notes: list[str] | None = None) -> list[Finding]:
+    """Drive one trial, wait until its operations settle (or the quiet period runs out), then
+    check the invariants against the provider's effect log. Observations that are not findings
+    (e.g. a message the broker lost) are appended to `notes`."""
+    try:
+        trial = scenario.run(stack, world, rng, index)
+    except Exception as exc:  # noqa: BLE001 - a trial that could not be driven is a finding, not a crash
+        return [Finding(invariants.VIOLATION, "-", f"trial {index} could not be driven: {type(exc).__name__}: {exc}")]
+    if notes is not None:
+        notes.extend(trial.notes)
+    findings = list(trial.findings)
+    ids = list(trial.expectations)
+    try:
+        wait_until(lambda: all(invariants.is_settled(op) for op in ids), timeout=quiet_seconds,
+                   what="the trial's operations to settle")
+    except TimeoutError:
+        pass  # whatever has not settled is counted as stuck or lost below
+    for operation_id, expect in trial.expectations.items():
+        operation = Operation.objects.get(pk=operation_id)
+        count = len(provider_effects(stack.payments.base_url, key=operation.idempotency_key))
+        found = invariants.check_operation(operation_id, effects=count)
+        findings.extend(found)
+        if invariants.is_settled(operation_id):
+            findings.extend(invariants.check_expectations(operation_id, expect, effects=count))
+    return findings

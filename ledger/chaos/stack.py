@@ -1,0 +1,265 @@
+"""The processes a chaos trial runs against: N Celery workers (prefork, one pool child each),
+beat (the sweeper, every SWEEP_SECONDS) and both sandbox providers, on a given database and
+broker, with the protocol's clocks shortened so a trial takes seconds, not minutes.
+
+The harness process publishes to the same broker (the in-process Celery app is pointed at it
+for the stack's life) and talks to the same database through Django's configured connection.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from console.lib.procs import Child, python, wait_until
+from ledger.chaos import seams
+from ledger.chaos.worker import POLL_ENV, PREFIX_ENV, SKEW_ENV
+from ledger.sandbox.process import SandboxProcess
+
+# Short clocks: a lost dispatch is re-enqueued after 2 s, a silent worker is `unknown` 2 s after
+# its 1 s tool timeout, reconciliation gives up (→ manual) after 10 s.
+CLOCKS = {
+    "DISPATCH_GRACE_SECONDS": "2",
+    "REDISPATCH_AFTER_SECONDS": "2",
+    "RECONCILE_WINDOW_SECONDS": "10",
+    "SWEEP_SECONDS": "0.5",
+}
+TOOL_TIMEOUT_SECONDS = 1.0
+# Longer than the tool timeout, so a hanging provider is a client-side timeout.
+HANG_SECONDS = 3.0
+
+
+def database_url_for(db: dict) -> str:
+    """A DATABASE_URL naming the database Django is connected to (the test database in tests)."""
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{Path(db['NAME']).resolve()}"
+    user = db.get("USER") or "postgres"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
+
+
+@dataclass
+class ChaosStack:
+    database_url: str
+    broker_url: str | None = None  # None: a file-system broker in the stack's own folder
+    workers: int = 2
+    worker_skews: tuple[float, ...] = ()  # seconds per worker (scenario 9); missing = 0
+    beat: bool = True
+    hang_seconds: float = HANG_SECONDS
+    var_dir: Path = field(init=False)
+    marker_dir: Path = field(init=False)
+    payments: SandboxProcess | None = field(init=False, default=None)
+    mail: SandboxProcess | None = field(init=False, default=None)
+    worker_children: list[Child] = field(init=False, default_factory=list)
+    beat_child: Child | None = field(init=False, default=None)
+    _saved_broker: tuple | None = field(init=False, default=None)
+    restarts: list[str] = field(init=False, default_factory=list)
+    _stopping: threading.Event = field(init=False, default_factory=threading.Event)
+    _watchdog: threading.Thread | None = field(init=False, default=None)
+    # Queues are named fast/slow for every stack: on a shared Redis each stack prefixes its keys.
+    key_prefix: str = field(init=False, default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}:")
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> ChaosStack:
+        self.var_dir = Path(tempfile.mkdtemp(prefix="countersign-chaos-"))
+        self.marker_dir = self.var_dir / "markers"
+        for folder in ("broker/queue", "broker/processed", "sandbox", "logs", "markers"):
+            (self.var_dir / folder).mkdir(parents=True, exist_ok=True)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        logs = self.var_dir / "logs"
+        with open(logs / "payments.log", "ab") as payments_log, open(logs / "mail.log", "ab") as mail_log:
+            self.payments = SandboxProcess.start(
+                "payments", db_path=self.var_dir / "sandbox" / "payments.sqlite3",
+                hang_seconds=self.hang_seconds, die_with_parent=True, stderr=payments_log)
+            self.mail = SandboxProcess.start(
+                "mail", db_path=self.var_dir / "sandbox" / "mail.sqlite3",
+                hang_seconds=self.hang_seconds, die_with_parent=True, stderr=mail_log)
+        env = self.child_env()
+        run = self.key_prefix.strip(":").split("-")[-1]
+        for i in range(self.workers):
+            skew = self.worker_skews[i] if i < len(self.worker_skews) else 0
+            argv = python("-m", "ledger.chaos.worker", "worker", "-Q", "fast,slow", "-P", "prefork", "-c", "1",
+                          "-l", "info", "-n", f"chaos{i}-{run}@%h",
+                          "--without-gossip", "--without-mingle", "--without-heartbeat")
+            child = Child(f"worker{i}", argv, env={**env, SKEW_ENV: str(skew)})
+            self.worker_children.append(child.start(log_dir=logs))
+        if self.beat:
+            self.beat_child = Child("beat", python("-m", "ledger.chaos.worker", "beat", "-l", "info",
+                                                   "-s", str(self.var_dir / "celerybeat-schedule")), env=env)
+            self.beat_child.start(log_dir=logs)
+        self._point_app_at_broker()
+        for child in self.worker_children:
+            wait_until(lambda child=child: _log_has(child, "ready."), timeout=60, what=f"{child.name} ready")
+        self._watchdog = threading.Thread(target=self._watch, name="chaos-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        """Restart a worker or beat whose main process died, as `run_embedded` does. Not the
+        faults the scenarios inject (they kill pool children, which Celery replaces): crashes
+        the stack did not cause, e.g. kombu's file-system transport reading a message file its
+        publisher has not written yet (JSONDecodeError, "Unrecoverable error")."""
+        while not self._stopping.wait(0.5):
+            for child in [*self.worker_children, *([self.beat_child] if self.beat_child else [])]:
+                if not child.alive and not self._stopping.is_set():
+                    self.restarts.append(f"{child.name} exited with {child.popen.returncode}")
+                    child.start(log_dir=self.var_dir / "logs")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5)
+        self._restore_app_broker()
+        for child in [*self.worker_children, *([self.beat_child] if self.beat_child else [])]:
+            # Nothing the stack stopped (SIGSTOP) may keep a child from dying.
+            _signal_session(child, signal.SIGCONT)
+            child.stop(timeout=5)
+        for sandbox in (self.mail, self.payments):
+            if sandbox is not None:
+                sandbox.stop()
+        if self.is_redis:
+            _drop_keys(self.resolved_broker_url, self.key_prefix)
+        if os.environ.get("COUNTERSIGN_CHAOS_KEEP") != "1":
+            shutil.rmtree(self.var_dir, ignore_errors=True)
+
+    def __enter__(self) -> ChaosStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def is_redis(self) -> bool:
+        return self.resolved_broker_url.startswith(("redis://", "rediss://"))
+
+    def child_env(self) -> dict[str, str]:
+        env = {
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "DATABASE_URL": self.database_url,
+            "CELERY_BROKER_URL": self.resolved_broker_url,
+            "COUNTERSIGN_VAR_DIR": str(self.var_dir),
+            "SANDBOX_PAYMENTS_URL": self.payments.base_url,
+            "SANDBOX_MAIL_URL": self.mail.base_url,
+            "SANDBOX_MAIL_SMTP_PORT": str(self.mail.smtp_port),
+            "OTEL_ENABLED": "0",
+            "LOG_LEVEL": "WARNING",
+            seams.SEAM_ENV: "all",
+            seams.MARKER_ENV: str(self.marker_dir),
+            POLL_ENV: "0.05",
+            PREFIX_ENV: self.key_prefix if self.is_redis else "",
+            **CLOCKS,
+        }
+        # A Redis broker shared with other runs: a database of our own is the caller's business;
+        # a short visibility timeout is not wanted here (scenario 7 makes duplicates itself).
+        env.pop("TEST_DATABASE_NAME", None)
+        return env
+
+    def _broker_options(self) -> dict:
+        if self.resolved_broker_url.startswith("filesystem://"):
+            queue = str(self.var_dir / "broker" / "queue")
+            return {"data_folder_in": queue, "data_folder_out": queue,
+                    "processed_folder": str(self.var_dir / "broker" / "processed"), "store_processed": False}
+        # The workers read the same variable (console/settings.py).
+        options = {"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT") or 3600)}
+        if self.is_redis:
+            options["global_keyprefix"] = self.key_prefix
+        return options
+
+    def _point_app_at_broker(self) -> None:
+        from console.celery import app
+
+        self._saved_broker = (app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager)
+        app.conf.broker_url = self.resolved_broker_url
+        app.conf.broker_transport_options = self._broker_options()
+        app.conf.task_always_eager = False
+        _reset_producer_pool(app)
+
+    def _restore_app_broker(self) -> None:
+        if self._saved_broker is None:
+            return
+        from console.celery import app
+
+        app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager = self._saved_broker
+        _reset_producer_pool(app)
+        self._saved_broker = None
+
+    # -- what scenarios do to the processes ----------------------------------------------------
+
+    def arm(self, seam_name: str, operation_id: str) -> None:
+        seams.arm(self.marker_dir, seam_name, operation_id)
+
+    def wait_blocked(self, seam_name: str, operation_id: str, *, timeout: float = 30.0) -> int:
+        """The pid of the pool child blocked at the seam for this operation."""
+        wait_until(lambda: seams.blocked_pid(self.marker_dir, seam_name, operation_id) is not None,
+                   timeout=timeout, what=f"a worker at {seam_name} for {operation_id}")
+        return seams.blocked_pid(self.marker_dir, seam_name, operation_id)
+
+    def release(self, seam_name: str, operation_id: str) -> None:
+        seams.release(self.marker_dir, seam_name, operation_id)
+
+    def logs(self) -> dict[str, str]:
+        return {path.name: path.read_text(errors="replace")[-4000:]
+                for path in sorted((self.var_dir / "logs").glob("*.log"))}
+
+
+def _log_has(child: Child, text: str) -> bool:
+    if child.popen is not None and child.popen.poll() is not None:
+        raise RuntimeError(f"{child.name} exited with {child.popen.returncode}; see {child.log_path}")
+    try:
+        return text in child.log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+
+
+def _signal_session(child: Child, sig: int) -> None:
+    if child.popen is None:
+        return
+    try:
+        os.killpg(child.popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _drop_keys(url: str, prefix: str) -> None:
+    """Leftover messages (late duplicates, re-enqueues) of this stack's queues."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"{prefix}*", count=500):
+            client.delete(key)
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
+
+
+def _reset_producer_pool(app) -> None:
+    # What Celery does after a fork: the next publish opens a connection from the new conf.
+    app._pool = None
+    try:
+        app.__dict__["amqp"]._producer_pool = None
+    except (AttributeError, KeyError):
+        pass
+
