@@ -146,6 +146,7 @@ class TaskOutputSerializer(serializers.Serializer):
     success_criteria = serializers.ListField(child=serializers.JSONField())
     constraints = JSONObjectField()
     versions = JSONObjectField()
+    superseded_by = serializers.CharField(source="superseded_by_id", allow_null=True)
     budget = Budget(source="*")
     lease = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
@@ -246,6 +247,8 @@ class TaskTransitionApi(APIView):
         fencing_token = StrictIntegerField(min_value=0)
         evidence = JSONObjectField(required=False, default=dict)
         reason = StrictCharField(required=False, default="", allow_blank=True, max_length=2000)
+        superseded_by = StrictCharField(required=False, default="", allow_blank=True, max_length=64,
+                                        help_text="With to=cancelled: the task that replaces this one.")
 
         class Meta:
             ref_name = "TaskTransitionInput"
@@ -271,6 +274,6 @@ class TaskTransitionApi(APIView):
         task = services.task_transition(
             task_id=task.task_id, to=data["to"], expected_version=data["expected_version"],
             fencing_token=data["fencing_token"], actor=request.user.ref, reason=data["reason"],
-            evidence=data["evidence"] or None,
+            evidence=data["evidence"] or None, superseded_by=data["superseded_by"],
         )
         return Response(self.OutputSerializer(task).data)

@@ -72,10 +72,14 @@ def task_transition(
     actor: str,
     reason: str = "",
     evidence: dict[str, Any] | None = None,
+    superseded_by: str = "",
 ) -> Task:
-    """An agent moves its task. `succeeded` is never the agent's word: it needs a verifier."""
+    """An agent moves its task. `succeeded` is never the agent's word: it needs a verifier.
+    Cancelling with `superseded_by` names the task (same tenant) that replaces this one."""
     if to not in TaskStatus.values:
         raise InvalidInput(f"Unknown task status {to!r}.", details={"to": to})
+    if superseded_by and to != TaskStatus.CANCELLED:
+        raise InvalidInput("superseded_by goes with to=cancelled.", details={"to": to})
     if to == TaskStatus.SUCCEEDED:
         raise NotPermitted(
             "A task succeeds only through its verifier; move it to 'verifying' with evidence.",
@@ -91,9 +95,17 @@ def task_transition(
                 "Stale expected_version.",
                 details={"task_id": task_id, "expected_version": expected_version, "version": task.version},
             )
+        changes: dict[str, Any] = {"version": F("version") + 1}
+        if superseded_by:
+            if superseded_by == task_id or not Task.objects.filter(task_id=superseded_by,
+                                                                   tenant_id=task.tenant_id).exists():
+                raise InvalidInput("superseded_by must name another task of this tenant.",
+                                   details={"superseded_by": superseded_by})
+            changes["superseded_by_id"] = superseded_by
+            evidence = {**(evidence or {}), "superseded_by": superseded_by}
         transition(
             task, to=to, actor=actor, reason=reason, evidence=evidence,
-            guard={"version": expected_version}, changes={"version": F("version") + 1},
+            guard={"version": expected_version}, changes=changes,
         )
         if to == TaskStatus.VERIFYING:
             from runs.tasks import enqueue_verification

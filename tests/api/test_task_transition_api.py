@@ -84,3 +84,33 @@ def test_it_needs_a_token(anonymous_api, leased):
     response = anonymous_api.post(url(task.task_id), {"to": "planning", "expected_version": 1,
                                                      "fencing_token": token}, format="json")
     assert_error(response, 401, "unauthenticated")
+
+
+def test_a_task_cancelled_as_superseded_names_its_successor(api, agent):
+    from runs.models import Task
+    from runs.services import lease_acquire, task_create
+
+    old = task_create(principal=agent, task_type="refund", goal="first plan")
+    new = task_create(principal=agent, task_type="refund", goal="second plan")
+    token = lease_acquire(task_id=old.task_id, owner="w", ttl_seconds=60).fencing_token
+    response = api.post(f"/api/v1/tasks/{old.task_id}/transition",
+                        {"to": "cancelled", "expected_version": 1, "fencing_token": token,
+                         "superseded_by": new.task_id}, format="json")
+    assert response.status_code == 200, response.content
+    assert Task.objects.get(pk=old.pk).superseded_by_id == new.task_id
+    assert api.get(f"/api/v1/tasks/{old.task_id}").json()["superseded_by"] == new.task_id
+
+
+def test_superseded_by_must_be_another_task_of_the_tenant_and_only_with_cancel(api, agent, outsider_agent):
+    from runs.services import lease_acquire, task_create
+
+    old = task_create(principal=agent, task_type="refund", goal="g")
+    foreign = task_create(principal=outsider_agent, task_type="refund", goal="g")
+    token = lease_acquire(task_id=old.task_id, owner="w", ttl_seconds=60).fencing_token
+    for body in ({"to": "cancelled", "superseded_by": foreign.task_id},
+                 {"to": "cancelled", "superseded_by": old.task_id},
+                 {"to": "planning", "superseded_by": foreign.task_id}):
+        response = api.post(f"/api/v1/tasks/{old.task_id}/transition",
+                            {**body, "expected_version": 1, "fencing_token": token}, format="json")
+        assert response.status_code == 400, body
+        assert response.json()["error"]["code"] == "invalid"
