@@ -17,6 +17,7 @@ from console.access import reviewer_max_tier
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
+from console.tracing import tracer
 from ledger import services as ledger_services
 from ledger.models import Operation, OperationStatus
 
@@ -25,6 +26,17 @@ A = ApprovalStatus
 
 def user_ref(user: AbstractBaseUser) -> str:
     return f"user:{user.get_username()}"
+
+
+def _trace_wait(request: ApprovalRequest, *, outcome: str) -> None:
+    """The console's `approval.wait` span: from the request to the decision (exported with the
+    console's other spans when OpenTelemetry export is on)."""
+    span = tracer.start_span("approval.wait", start_time=int(request.created_at.timestamp() * 1e9), attributes={
+        "countersign.task_id": request.task_id, "countersign.operation_id": request.operation_id,
+        "gen_ai.tool.call.id": request.call_id, "countersign.approval_id": request.approval_id,
+        "countersign.risk_tier": request.risk_tier, "countersign.approval.outcome": outcome,
+    })
+    span.end()
 
 
 def approval_request_create(
@@ -100,6 +112,7 @@ def approval_approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: st
                 evidence={"arguments_hash": request.arguments_hash},
             )
             return request
+        _trace_wait(request, outcome="approved")
         transition(request, to=A.APPROVED, actor=user_ref(reviewer), reason=reason,
                    evidence={"arguments_hash": request.arguments_hash, "approvals": approvals},
                    changes={"decided_at": timezone.now()})
@@ -123,6 +136,7 @@ def approval_reject(*, approval_id: str, reviewer: AbstractBaseUser, reason: str
                 )
         except IntegrityError as exc:
             raise Conflict("You have already decided on this request.") from exc
+        _trace_wait(request, outcome="rejected")
         transition(request, to=A.REJECTED, actor=user_ref(reviewer), reason=reason,
                    changes={"decided_at": timezone.now()})
         ledger_services.operation_reject(

@@ -32,6 +32,7 @@ from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
 from console.lib.ids import derive_operation_id
 from console.lib.transitions import record_event
 from console.models import AgentPrincipal
+from console.tracing import tracer
 from ledger import services as ledger_services
 from ledger.models import Call, Operation
 from ledger.selectors import (
@@ -122,7 +123,12 @@ def call_propose(
             return _regenerated(existing, principal=principal, task=task, call_id=call_id,
                                 intent=intent, args_hash=args_hash)
 
-        result = gate.evaluate(principal=principal, task=task, tool=tool, arguments=arguments)
+        with tracer.start_as_current_span("gate", attributes={
+                "countersign.task_id": task.task_id, "countersign.step_id": step_id,
+                "countersign.operation_id": operation_id, "gen_ai.tool.call.id": call_id,
+                "gen_ai.tool.name": tool.name}) as span:
+            result = gate.evaluate(principal=principal, task=task, tool=tool, arguments=arguments)
+            span.set_attributes({"countersign.decision": result.decision, "countersign.risk_tier": result.risk_tier})
         if result.refused:
             return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool)
 
