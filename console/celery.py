@@ -6,8 +6,12 @@ import os
 
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+# filesystem:// (embedded mode) publishes atomically; see console/lib/fs_broker.py.
+TRANSPORT_ALIASES["filesystem"] = "console.lib.fs_broker:Transport"
 
 app = Celery("countersign")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -155,6 +155,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(_broker_dir / "processed"),
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
+        # Kombu's default (1 s) lets a worker take one message a second from the folder.
+        "polling_interval": env_float("CELERY_FS_POLLING_INTERVAL", 0.1, minimum=0.01),
     }
     for _folder in ("queue", "processed", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
