@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 from kombu import Connection
 
@@ -15,8 +16,10 @@ def connection(folder) -> Connection:
 
 
 def test_a_published_message_is_consumed_whole_and_once(tmp_path):
+    # A queue name of its own: kombu keeps declared exchanges in class-level state, shared with
+    # every other use of the transport in this process.
     with connection(tmp_path) as conn:
-        queue = conn.SimpleQueue("fast")
+        queue = conn.SimpleQueue(f"q{uuid.uuid4().hex}")
         queue.put({"operation_id": "op_1", "payload": "x" * 100_000})
         assert queue.get(timeout=2).payload == {"operation_id": "op_1", "payload": "x" * 100_000}
         assert not [name for name in os.listdir(tmp_path) if name.endswith(".msg")]
