@@ -31,31 +31,12 @@ from approvals.forms import ApproveForm, ArgumentsForm, InboxFilterForm, RejectF
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.selectors import InboxFilters, ReviewerScope
 from console import live as console_live
-from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
+from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
+from console.lib.htmx import wants_fragment
 from ledger.adapters import get_adapter
 
 A = ApprovalStatus
 PAGE_SIZE = 25
-
-# The one mapping from domain errors to HTTP statuses for these pages.
-ERROR_STATUS: dict[type[DomainError], int] = {
-    InvalidInput: 400,
-    NotPermitted: 403,
-    NotFound: 404,
-    Conflict: 409,
-}
-
-
-def error_status(exc: DomainError) -> int:
-    for cls, status in ERROR_STATUS.items():
-        if isinstance(exc, cls):
-            return status
-    return exc.status
-
-
-def _wants_fragment(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request
 
 
 def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None = None) -> ApprovalRequest:
@@ -119,7 +100,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "last_event_id": last_event_id,
         "live_arg": encode_inbox_arg(filters, page.number),
     }
-    template = "approvals/inbox.html#results" if _wants_fragment(request) else "approvals/inbox.html"
+    template = "approvals/inbox.html#results" if wants_fragment(request) else "approvals/inbox.html"
     response = render(request, template, context)
     patch_vary_headers(response, ("HX-Request",))
     return response
@@ -225,7 +206,7 @@ def _after_decision(request: HttpRequest, approval_id: str, *, status: int = 200
     approval = _get_approval_for_user(request.user, approval_id, scope)
     context = _detail_context(request, scope, approval, approve_form=approve_form, reject_form=reject_form,
                               error=error, error_field=error_field)
-    template = "approvals/detail.html#review" if _wants_fragment(request) else "approvals/detail.html"
+    template = "approvals/detail.html#review" if wants_fragment(request) else "approvals/detail.html"
     return render(request, template, context, status=status)
 
 
@@ -238,7 +219,7 @@ def _domain_error(request: HttpRequest, approval_id: str, exc: DomainError, **fo
         if approval is not None:
             message = _conflict_message(approval, exc)
     field = exc.details.get("field", "") if isinstance(exc, InvalidInput) else ""
-    return _after_decision(request, approval_id, status=error_status(exc), error=message, error_field=field, **forms)
+    return _after_decision(request, approval_id, status=exc.status, error=message, error_field=field, **forms)
 
 
 @login_required
@@ -255,7 +236,7 @@ def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
         )
     except DomainError as exc:
         return _domain_error(request, approval_id, exc, approve_form=form)
-    if _wants_fragment(request):
+    if wants_fragment(request):
         return _after_decision(request, approval_id)
     messages.success(request, "Your approval is recorded.")
     return redirect(reverse("approvals:detail", args=[approval_id]))
@@ -274,7 +255,7 @@ def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
         )
     except DomainError as exc:
         return _domain_error(request, approval_id, exc, reject_form=form)
-    if _wants_fragment(request):
+    if wants_fragment(request):
         return _after_decision(request, approval_id)
     messages.success(request, "The request is rejected.")
     return redirect(reverse("approvals:detail", args=[approval_id]))
@@ -318,7 +299,7 @@ def edit(request: HttpRequest, approval_id: str) -> HttpResponse:
                     form.add_error("reason", exc.message)
                 else:
                     form.add_error(None, exc.message)
-                status = error_status(exc)
+                status = exc.status
             else:
                 if result.new is not None:
                     messages.success(request, f"Edited call {result.call_id} created and approved by you "

@@ -23,7 +23,8 @@ from django.views.decorators.http import require_POST
 
 from approvals.models import Tool
 from console import live as console_live
-from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
+from console.lib.errors import DomainError, InvalidInput, NotFound, NotPermitted
+from console.lib.htmx import wants_fragment
 from ledger import support
 from ledger import support_selectors as selectors
 from ledger.compensation import COMPENSABLE, compensation_propose
@@ -31,26 +32,6 @@ from ledger.forms import CompensateForm, ConfirmForm, EscalateForm, QueueFilterF
 from ledger.models import Operation
 
 PAGE_SIZE = 25
-
-ERROR_STATUS: dict[type[DomainError], int] = {
-    InvalidInput: 400,
-    NotPermitted: 403,
-    NotFound: 404,
-    support.ProviderDenied: 422,
-    Conflict: 409,
-}
-
-
-def error_status(exc: DomainError) -> int:
-    for cls, status in ERROR_STATUS.items():
-        if isinstance(exc, cls):
-            return status
-    return exc.status
-
-
-def _wants_fragment(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request
 
 
 def _get_operation_for_user(user, operation_id: str) -> Operation:
@@ -98,7 +79,7 @@ def unknown(request: HttpRequest) -> HttpResponse:
     if not selectors.viewer_tenant_ids(request.user):
         raise Http404("No tenant in which you may see operations.")
     context = queue_context(request)
-    template = "ledger/unknown.html#results" if _wants_fragment(request) else "ledger/unknown.html"
+    template = "ledger/unknown.html#results" if wants_fragment(request) else "ledger/unknown.html"
     response = render(request, template, context)
     patch_vary_headers(response, ("HX-Request",))
     return response
@@ -176,7 +157,7 @@ def query_provider(request: HttpRequest, operation_id: str) -> HttpResponse:
         support.support_request_provider_query(operation_id=operation_id, user=request.user)
     except DomainError as exc:
         return _action_failed(request, operation_id, exc, action="query")
-    if _wants_fragment(request):
+    if wants_fragment(request):
         return render(request, "ledger/detail.html#query_status", {"asked": True})
     messages.info(request, "The provider is being asked; its answer appears on this page.")
     return redirect(reverse("operations:detail", args=[operation_id]))
@@ -189,7 +170,7 @@ def _action_failed(request: HttpRequest, operation_id: str, exc: DomainError, *,
     operation = _get_operation_for_user(request.user, operation_id)
     context = _detail_context(request, operation, forms={action: form} if form is not None else None,
                               error=exc.message, error_action=action)
-    return render(request, "ledger/detail.html", context, status=error_status(exc))
+    return render(request, "ledger/detail.html", context, status=exc.status)
 
 
 def _run_action(request: HttpRequest, operation_id: str, *, action: str, form, call, done: str) -> HttpResponse:
