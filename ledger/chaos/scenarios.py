@@ -4,33 +4,45 @@ unique keys), injects one fault with real processes and signals, waits for the s
 
 Numbers follow the issue: 1 kill after provider success, 2 kill before the dispatch commit,
 7 duplicate delivery, 8 timeout on a tool without idempotency, 3 zombie worker, 10 retry burst,
-11 approval stale while queued, 9 worker clocks off by ±30 s.
+11 approval stale while queued, 9 worker clocks off by ±30 s; 6 the database connection cut
+mid-commit (dbdrop.py); 4 concurrent identical proposals, 5 one call ID with other arguments and
+12 two workers claiming one task (races.py).
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import signal
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
 from approvals import services as approval_services
-from approvals.defaults import REFUND_SCHEMA, ensure_policy_defaults
-from approvals.models import ApprovalRequest, Tool
-from console.lib.ids import derive_operation_id
+from approvals.models import ApprovalRequest
 from console.lib.procs import wait_until
-from console.models import AgentPrincipal, Membership, Role, Tenant
 from ledger.chaos import invariants
+from ledger.chaos.dbdrop import connection_drop
 from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.stack import TOOL_TIMEOUT_SECONDS, ChaosStack
+from ledger.chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
+from ledger.chaos.stack import ChaosStack
+from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
+    NEEDS_APPROVAL,
+    NO_IDEMPOTENCY,
+    NO_RETRY,
+    QUIET_SECONDS,
+    REFUND,
+    Trial,
+    World,
+    ensure_world,
+    kill,
+    order,
+    propose,
+    wait_status,
+)
 from ledger.models import Attempt, Event, Operation, OperationStatus
 from ledger.retry import backoff_bounds
 from ledger.sandbox.client import effects as provider_effects
@@ -39,122 +51,6 @@ from runs import services as run_services
 from runs.models import Task, TaskStatus
 
 S = OperationStatus
-QUIET_SECONDS = 60.0
-TENANT_SLUG = "chaos"
-AGENT_NAME = "chaos-agent"
-REVIEWER = "chaos-reviewer"
-
-# Tool variants of payments.refund, so a chaos run never edits the product's own tools.
-REFUND = "chaos.refund"  # native idempotency key, retries rate limits and 503s
-NO_IDEMPOTENCY = "chaos.refund-no-idempotency"  # scenario 8: the provider cannot be asked
-NO_RETRY = "chaos.refund-no-retry"  # scenario 10: nothing is retryable
-NEEDS_APPROVAL = "chaos.refund-approval"  # scenario 11: L3, one reviewer
-
-_TOOL_BASE = dict(
-    adapter="payments.refund", json_schema=REFUND_SCHEMA, kind=Tool.Kind.WRITE, queue=Tool.Queue.FAST,
-    timeout_seconds=TOOL_TIMEOUT_SECONDS, max_attempts=4, total_deadline_seconds=300,
-    backoff_base_seconds=0.5, backoff_cap_seconds=4.0, business_key="order_id", enabled=True,
-    retryable_errors=["rate_limited", "unavailable", "connect"], idempotency=Tool.Idempotency.NATIVE, base_tier=1,
-    description="Chaos harness variant of payments.refund.",
-)
-CHAOS_TOOLS = {
-    REFUND: {},
-    NO_IDEMPOTENCY: {"idempotency": Tool.Idempotency.NONE},
-    NO_RETRY: {"retryable_errors": []},
-    NEEDS_APPROVAL: {"base_tier": 3},
-}
-
-
-@dataclass
-class World:
-    tenant: Tenant
-    agent: AgentPrincipal
-    reviewer: object
-
-
-def ensure_world() -> World:
-    """Tools, tenant, agent and reviewer of the chaos runs; idempotent."""
-    ensure_policy_defaults()
-    with transaction.atomic():
-        for name, overrides in CHAOS_TOOLS.items():
-            Tool.objects.update_or_create(name=name, defaults={**_TOOL_BASE, **overrides})
-        tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Chaos"})
-        agent = AgentPrincipal.objects.filter(tenant=tenant, name=AGENT_NAME).first()
-        if agent is None:
-            agent = AgentPrincipal(tenant=tenant, name=AGENT_NAME)
-            agent.set_token(f"chaos-{uuid.uuid4().hex}")
-            agent.save()
-        agent.allowed_tools.set(Tool.objects.filter(name__in=CHAOS_TOOLS))
-        reviewer, _ = get_user_model().objects.get_or_create(username=REVIEWER)
-        Membership.objects.update_or_create(user=reviewer, tenant=tenant, role=Role.REVIEWER,
-                                            defaults={"max_tier": 4})
-    return World(tenant=tenant, agent=agent, reviewer=reviewer)
-
-
-# -- one trial ---------------------------------------------------------------------------------
-
-@dataclass
-class Trial:
-    expectations: dict[str, Expect] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)  # found while driving the trial
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Proposed:
-    operation_id: str
-    task_id: str
-    lease_token: int
-    approval_id: str | None
-    decision: str
-
-
-def propose(world: World, *, tool: str, order_id: str, amount: float = 25,
-            before: Callable[[str], None] | None = None) -> Proposed:
-    """A fresh task, leased and running, proposing one refund. `before(operation_id)` runs
-    before the proposal commits its dispatch (to arm a seam for exactly this operation)."""
-    from ledger.proposals import call_propose
-
-    agent = world.agent
-    task = run_services.task_create(principal=agent, task_type="chaos", goal=f"chaos refund {order_id}")
-    lease = run_services.lease_acquire(task_id=task.task_id, owner="chaos-harness", ttl_seconds=3600)
-    for to in (TaskStatus.PLANNING, TaskStatus.RUNNING):
-        version = Task.objects.get(pk=task.task_id).version
-        run_services.task_transition(task_id=task.task_id, to=to, expected_version=version,
-                                     fencing_token=lease.fencing_token, actor=agent.ref)
-    step_id = "refund"
-    operation_id = derive_operation_id(tenant=world.tenant.slug, task_id=task.task_id, step_id=step_id, tool=tool)
-    if before is not None:
-        before(operation_id)
-    proposal = call_propose(
-        principal=agent, task_id=task.task_id, call_id=f"call-{uuid.uuid4().hex[:12]}", step_id=step_id,
-        tool_name=tool, arguments={"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "chaos"},
-        expected_version=Task.objects.get(pk=task.task_id).version, fencing_token=lease.fencing_token,
-    )
-    if proposal.operation_id != operation_id:
-        raise AssertionError(f"operation ID {proposal.operation_id} is not the derived {operation_id}")
-    return Proposed(operation_id, task.task_id, lease.fencing_token, proposal.approval_id, proposal.decision)
-
-
-def order(kind: str = "ok") -> str:
-    return f"{kind}-{uuid.uuid4().hex[:12]}"
-
-
-def status(operation_id: str) -> str:
-    return Operation.objects.values_list("status", flat=True).get(pk=operation_id)
-
-
-def wait_status(operation_id: str, statuses, *, timeout: float = QUIET_SECONDS, what: str = "") -> None:
-    wanted = frozenset(statuses)
-    wait_until(lambda: status(operation_id) in wanted, timeout=timeout,
-               what=what or f"{operation_id} in {sorted(wanted)}", interval=0.05)
-
-
-def kill(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def stale_attempts_kept(operation: Operation, attempts: list[Attempt]) -> list[str]:
@@ -351,6 +247,13 @@ class Scenario:
     run: Callable[[ChaosStack, World, random.Random, int], Trial]
     workers: int = 2
     worker_skews: tuple[float, ...] = ()
+    db_proxy: bool = False  # the workers reach PostgreSQL through the chaos proxy (scenario 6)
+    api_server: bool = False  # the stack serves the agent API over HTTP
+    needs_postgres: bool = False  # no server connection to drop on SQLite
+
+    def stack_options(self) -> dict:
+        return {"workers": self.workers, "worker_skews": self.worker_skews, "db_proxy": self.db_proxy,
+                "api_server": self.api_server}
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -362,6 +265,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(10, "retry-burst", retry_burst),
     Scenario(11, "approval-stale", approval_goes_stale),
     Scenario(9, "clock-skew", clock_skew, worker_skews=(30.0, -30.0)),
+    Scenario(6, "db-connection-drop", connection_drop, db_proxy=True, api_server=True, needs_postgres=True),
+    Scenario(4, "concurrent-proposals", concurrent_proposals),
+    Scenario(5, "call-id-mismatch", call_id_mismatch),
+    Scenario(12, "stale-lease", stale_lease),
 )}
 
 

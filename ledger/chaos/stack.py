@@ -9,16 +9,20 @@ for the stack's life) and talks to the same database through Django's configured
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-from console.lib.procs import Child, python, wait_until
+from console.lib.procs import Child, http_ok, python, wait_until
 from ledger.chaos import seams
+from ledger.chaos.pgproxy import ProxyControl
 from ledger.chaos.worker import POLL_ENV, PREFIX_ENV, SKEW_ENV
 from ledger.sandbox.process import SandboxProcess
 
@@ -54,12 +58,21 @@ class ChaosStack:
     worker_skews: tuple[float, ...] = ()  # seconds per worker (scenario 9); missing = 0
     beat: bool = True
     hang_seconds: float = HANG_SECONDS
+    # Scenario 6: the workers (and the API server) reach PostgreSQL through ledger/chaos/pgproxy.py,
+    # which the harness can tell to cut connections mid-commit. The harness itself connects directly.
+    db_proxy: bool = False
+    api_server: bool = False  # a uvicorn serving the agent API, for trials that go through HTTP
     var_dir: Path = field(init=False)
     marker_dir: Path = field(init=False)
     payments: SandboxProcess | None = field(init=False, default=None)
     mail: SandboxProcess | None = field(init=False, default=None)
     worker_children: list[Child] = field(init=False, default_factory=list)
     beat_child: Child | None = field(init=False, default=None)
+    proxy_child: Child | None = field(init=False, default=None)
+    proxy: ProxyControl | None = field(init=False, default=None)
+    server_child: Child | None = field(init=False, default=None)
+    api_url: str | None = field(init=False, default=None)
+    _children_database_url: str | None = field(init=False, default=None)
     _saved_broker: tuple | None = field(init=False, default=None)
     restarts: list[str] = field(init=False, default_factory=list)
     _stopping: threading.Event = field(init=False, default_factory=threading.Event)
@@ -90,6 +103,8 @@ class ChaosStack:
             self.mail = SandboxProcess.start(
                 "mail", db_path=self.var_dir / "sandbox" / "mail.sqlite3",
                 hang_seconds=self.hang_seconds, die_with_parent=True, stderr=mail_log)
+        if self.db_proxy:
+            self._start_proxy(logs)
         env = self.child_env()
         run = self.key_prefix.strip(":").split("-")[-1]
         for i in range(self.workers):
@@ -103,11 +118,33 @@ class ChaosStack:
             self.beat_child = Child("beat", python("-m", "ledger.chaos.worker", "beat", "-l", "info",
                                                    "-s", str(self.var_dir / "celerybeat-schedule")), env=env)
             self.beat_child.start(log_dir=logs)
+        if self.api_server:
+            port = _free_port()
+            self.server_child = Child("server", python("-m", "uvicorn", "console.asgi:application", "--host",
+                                                       "127.0.0.1", "--port", str(port), "--lifespan", "off",
+                                                       "--log-level", "warning"), env=env)
+            self.server_child.start(log_dir=logs)
+            self.api_url = f"http://127.0.0.1:{port}"
+            wait_until(http_ok(f"{self.api_url}/healthz"), timeout=60, what="the API server")
         self._point_app_at_broker()
         for child in self.worker_children:
             wait_until(lambda child=child: _log_has(child, "ready."), timeout=60, what=f"{child.name} ready")
         self._watchdog = threading.Thread(target=self._watch, name="chaos-watchdog", daemon=True)
         self._watchdog.start()
+
+    def _start_proxy(self, logs: Path) -> None:
+        url = urlsplit(self.database_url)
+        if url.scheme not in ("postgres", "postgresql"):
+            raise ValueError("the database proxy (scenario 6) needs PostgreSQL")
+        self.proxy_child = Child("pgproxy", python("-m", "ledger.chaos.pgproxy", "--upstream",
+                                                   f"{url.hostname or '127.0.0.1'}:{url.port or 5432}"))
+        self.proxy_child.start(log_dir=logs)
+        wait_until(lambda: _log_has(self.proxy_child, "pgproxy ready"), timeout=30, what="the database proxy")
+        ready = re.search(r"pgproxy ready port=(\d+) control=(\d+)", self.proxy_child.log_path.read_text())
+        port, control = int(ready.group(1)), int(ready.group(2))
+        self.proxy = ProxyControl(control)
+        netloc = f"{url.username or 'postgres'}{':' + url.password if url.password else ''}@127.0.0.1:{port}"
+        self._children_database_url = urlunsplit((url.scheme, netloc, url.path, url.query, ""))
 
     def _watch(self) -> None:
         """Restart a worker or beat whose main process died, as `run_embedded` does. Not the
@@ -115,7 +152,8 @@ class ChaosStack:
         the stack did not cause, e.g. kombu's file-system transport reading a message file its
         publisher has not written yet (JSONDecodeError, "Unrecoverable error")."""
         while not self._stopping.wait(0.5):
-            for child in [*self.worker_children, *([self.beat_child] if self.beat_child else [])]:
+            for child in [*self.worker_children, *([self.beat_child] if self.beat_child else []),
+                          *([self.server_child] if self.server_child else [])]:
                 if not child.alive and not self._stopping.is_set():
                     self.restarts.append(f"{child.name} exited with {child.popen.returncode}")
                     child.start(log_dir=self.var_dir / "logs")
@@ -125,7 +163,8 @@ class ChaosStack:
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
         self._restore_app_broker()
-        for child in [*self.worker_children, *([self.beat_child] if self.beat_child else [])]:
+        for child in [*([self.server_child] if self.server_child else []), *self.worker_children,
+                      *([self.beat_child] if self.beat_child else []), *([self.proxy_child] if self.proxy_child else [])]:
             # Nothing the stack stopped (SIGSTOP) may keep a child from dying.
             _signal_session(child, signal.SIGCONT)
             child.stop(timeout=5)
@@ -156,7 +195,7 @@ class ChaosStack:
     def child_env(self) -> dict[str, str]:
         env = {
             "DJANGO_SETTINGS_MODULE": "console.settings",
-            "DATABASE_URL": self.database_url,
+            "DATABASE_URL": self._children_database_url or self.database_url,
             "CELERY_BROKER_URL": self.resolved_broker_url,
             "COUNTERSIGN_VAR_DIR": str(self.var_dir),
             "SANDBOX_PAYMENTS_URL": self.payments.base_url,
@@ -221,6 +260,12 @@ class ChaosStack:
     def logs(self) -> dict[str, str]:
         return {path.name: path.read_text(errors="replace")[-4000:]
                 for path in sorted((self.var_dir / "logs").glob("*.log"))}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _log_has(child: Child, text: str) -> bool:

@@ -1,6 +1,8 @@
 """One trial of each chaos scenario with real processes: workers killed (SIGKILL) or frozen
 (SIGSTOP/SIGCONT) at exact points of the protocol, duplicate deliveries, provider faults and
-skewed clocks (test_chaos_clock_skew.py) — each checked against the provider's own effect log (ledger/chaos/invariants.py)."""
+skewed clocks (test_chaos_clock_skew.py), races into the ledger (4, 5, 12), and database connections
+cut mid-commit (test_chaos_dbdrop.py, PostgreSQL) — each checked against the provider's own
+effect log (ledger/chaos/invariants.py)."""
 
 from __future__ import annotations
 
@@ -85,3 +87,24 @@ def test_an_approval_gone_stale_in_the_queue_is_not_dispatched(stack, case):
     assert findings == [], explain(findings, stack)
     assert Attempt.objects.count() == 0
     assert only_operation().status == (S.EXPIRED if case == 0 else S.CANCELLED)
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["runs-at-once", "needs-approval"])
+def test_fifty_identical_proposals_at_once_make_one_operation(stack, case):
+    findings = run_one("concurrent-proposals", stack, index=case)
+    assert findings == [], explain(findings, stack)
+    assert only_operation().status == S.CONFIRMED and Attempt.objects.count() == 1
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["one-after-another", "racing"])
+def test_one_call_id_with_other_arguments_is_refused_without_an_attempt(stack, case):
+    findings = run_one("call-id-mismatch", stack, index=case)
+    assert findings == [], explain(findings, stack)
+    assert Attempt.objects.count() == 1
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["old-holder-proposes", "old-holder-transitions"])
+def test_two_workers_claiming_one_task_leave_the_stale_token_without_a_commit(stack, case):
+    findings = run_one("stale-lease", stack, index=case)
+    assert findings == [], explain(findings, stack)
+    assert only_operation().status == S.CONFIRMED

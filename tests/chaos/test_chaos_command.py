@@ -27,3 +27,19 @@ def test_the_command_refuses_an_unknown_scenario():
 
     with pytest.raises(CommandError, match="unknown scenario"):
         call_command("chaos", "--scenario", "nope", "--trials", "1", "--no-migrate")
+
+
+def test_scenario_6_needs_postgresql_and_is_skipped_only_within_all():
+    from django.core.management.base import CommandError
+
+    from ledger.chaos import scenarios
+    from ledger.management.commands.chaos import runnable_on
+
+    every = list(scenarios.SCENARIOS.values())
+    assert sorted(s.number for s in every) == list(range(1, 13))
+    drop = scenarios.get_scenario("6")
+    with pytest.raises(CommandError, match="needs PostgreSQL"):
+        runnable_on([drop], "sqlite")
+    run, skipped = runnable_on(every, "sqlite")
+    assert skipped == [drop] and drop not in run and len(run) == 11
+    assert runnable_on(every, "postgresql") == (every, [])
