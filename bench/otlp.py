@@ -26,9 +26,10 @@ API, polled after the last answer). DESIGN.md counts what a user can rely on: th
 figure, and Countersign ÷ Phoenix on it is the ratio held against the target (≥ 2).
 
 Then the run page: a 2,000-span trace linked to one task is ingested, and `GET /runs/<task_id>/`
-is timed in-process with Django's test client (logged-in member), full page and the htmx partial
-the page polls every 3 s while the run is active; with `--browser` also Chromium's load time
-through Playwright against the uvicorn server.
+is timed in-process with Django's test client (logged-in member): the full page, and the live
+poll an open tab makes every 3 s while the run is active, when nothing arrived and when 10 spans
+did; with `--browser` also Chromium's time until the waterfall is drawn, through Playwright
+against the uvicorn server.
 
 Prints medians of the runs and the ratios. Timings are never asserted in tests: the machines are
 shared and noisy.
@@ -52,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -506,8 +508,10 @@ def sqlite_target(name: str, server: Uvicorn, path: Path, tenant_id: int) -> Tar
 
 def measure_render(*, spans: int, repeats: int, base: str | None, browser: bool) -> dict[str, Any]:
     """Ingest one `spans`-span trace linked to a new task (through the same parser and service
-    as the endpoint), then time the run page: in-process test client, full page and the htmx
-    partial; the view's data work alone; and with `browser`, Chromium's load of the live page."""
+    as the endpoint), then time the run page in-process with the test client: the full page;
+    the live poll of an open tab when nothing arrived (204) and when 10 spans arrived (JSON of
+    those 10 and the step summary); the view's data work alone. With `browser`, Chromium's load
+    of the live page until the waterfall is drawn."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import connection
@@ -516,23 +520,27 @@ def measure_render(*, spans: int, repeats: int, base: str | None, browser: bool)
 
     from console.models import AgentPrincipal
     from runs import services as run_services
-    from runs.models import Span, Task
+    from runs.models import ModelPrice, Span, Task
     from runs.otlp import parse_protobuf
     from runs.views import run_detail_context
+    from runs.waterfall import trace_rows
 
     agent = AgentPrincipal.objects.select_related("tenant").get(tenant__slug=TENANT, name=AGENT)
+    for n, model in enumerate(MODELS):  # made-up prices: the page prices every chat span
+        ModelPrice.objects.get_or_create(model=model, tenant=None, defaults={
+            "input_per_million": n + 1, "output_per_million": 4 * (n + 1), "valid_from": datetime(2026, 1, 1, tzinfo=UTC)})
     task = run_services.task_create(principal=agent, task_type="bench-otlp", goal="Render a 2,000-span run")
     rng = random.Random(2000)
-    _, span_list = build_trace(rng, spans=spans, task_id=task.task_id, t0_ns=time.time_ns() - 7200 * 10**9,
-                               steps=20)
-    for start in range(0, len(span_list), 500):
-        parsed = parse_protobuf(export_request(span_list[start:start + 500]))
+    t0_ns = time.time_ns() - 7200 * 10**9
+    root_id, span_list = build_trace(rng, spans=spans, task_id=task.task_id, t0_ns=t0_ns, steps=20)
+    late = span_list[-10:]  # held back: they arrive while the page is open
+    for start in range(0, len(span_list) - len(late), 500):
+        parsed = parse_protobuf(export_request(span_list[start:min(start + 500, len(span_list) - len(late))]))
         run_services.spans_ingest(principal=agent, spans=parsed.spans)
-    stored = Span.objects.filter(task=task).count()
     client = Client()
     client.force_login(get_user_model().objects.get(username=USER))
     url = f"/runs/{task.task_id}/"
-    out: dict[str, Any] = {"spans": stored, "task_id": task.task_id}
+    out: dict[str, Any] = {"task_id": task.task_id}
 
     def timed(fn: Callable[[], Any]) -> list[float]:
         fn()  # warm: template loading, first connection
@@ -548,20 +556,24 @@ def measure_render(*, spans: int, repeats: int, base: str | None, browser: bool)
         if response.status_code != 200:
             raise RuntimeError(f"GET {url} answered {response.status_code}")
         out["html_bytes"] = len(response.content)
+        out["cursor"], out["held"] = response.context["cursor"], response.context["span_count"]
 
-    def get_partial() -> None:
-        response = client.get(url, HTTP_HX_REQUEST="true")
-        if response.status_code != 200:
-            raise RuntimeError(f"GET {url} (htmx) answered {response.status_code}")
-        out["partial_bytes"] = len(response.content)
+    def poll(status: int, key: str) -> Callable[[], None]:
+        def get() -> None:
+            response = client.get(url + "trace/", {"after": out["cursor"], "known": out["held"]})
+            if response.status_code != status:
+                raise RuntimeError(f"GET {url}trace/ answered {response.status_code}, not {status}")
+            out[key] = len(response.content)
+        return get
 
     task = Task.objects.get(task_id=task.task_id)
     out["page"] = timed(get_page)
-    out["partial"] = timed(get_partial)
+    out["poll_idle"] = timed(poll(204, "poll_idle_bytes"))
+    run_services.spans_ingest(principal=agent, spans=parse_protobuf(export_request(late)).spans)
+    out["spans"] = Span.objects.filter(task=task).count()
+    out["poll_new"] = timed(poll(200, "poll_new_bytes"))
     out["context"] = timed(lambda: run_detail_context(task))
-    out["span_query"] = timed(lambda: list(Span.objects.filter(
-        tenant_id=task.tenant_id, trace_id__in=Span.objects.filter(task=task).values("trace_id"),
-    ).order_by("start_time")[:5000]))
+    out["span_query"] = timed(lambda: trace_rows(task))
     with CaptureQueriesContext(connection) as queries:
         get_page()
     out["page_queries"] = len(queries.captured_queries)
@@ -589,6 +601,7 @@ def measure_browser(url: str, session: str, cookie_name: str, repeats: int) -> d
                 for n in range(repeats + 1):
                     started = time.perf_counter()
                     response = page.goto(url, wait_until="load", timeout=120_000)
+                    page.wait_for_selector("#run-waterfall[data-rendered]", state="attached", timeout=120_000)
                     elapsed = time.perf_counter() - started
                     if response is None or response.status != 200:
                         raise RuntimeError(f"browser GET answered {response.status if response else None}")
@@ -768,16 +781,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nPhoenix not measured: {phoenix_error}")
 
     print(f"\nRun page with {render['spans']} spans ({render.get('html_bytes', 0) / 1024:,.0f} KiB HTML, "
-          f"htmx partial {render.get('partial_bytes', 0) / 1024:,.0f} KiB, {render['page_queries']} queries), "
-          f"{args.render_repeats} requests each")
+          f"{render['page_queries']} queries; live poll {render.get('poll_idle_bytes', 0)} B when nothing arrived, "
+          f"{render.get('poll_new_bytes', 0) / 1024:,.1f} KiB with 10 new spans), {args.render_repeats} requests each")
     rrows = [[what, ms(render[key], 50), ms(render[key], 95)] for what, key in [
         ("GET /runs/<id>/ (test client, full page)", "page"),
-        ("GET /runs/<id>/ with HX-Request (the 3 s poll)", "partial"),
-        ("run_detail_context() alone (queries + waterfall)", "context"),
+        ("GET /runs/<id>/trace/, nothing new (the 3 s poll, 204)", "poll_idle"),
+        ("GET /runs/<id>/trace/, 10 new spans (JSON)", "poll_new"),
+        ("run_detail_context() alone (queries + cost + rows)", "context"),
         ("the span query alone", "span_query")]]
     browser = render.get("browser")
     if browser and "error" not in browser:
-        rrows += [["Chromium: goto → load (wall)", ms(browser["wall"], 50), ms(browser["wall"], 95)],
+        rrows += [["Chromium: goto → waterfall drawn (wall)", ms(browser["wall"], 50), ms(browser["wall"], 95)],
                   ["Chromium: DOMContentLoaded", ms(browser["dom_content_loaded"], 50),
                    ms(browser["dom_content_loaded"], 95)],
                   ["Chromium: loadEventEnd", ms(browser["load_event"], 50), ms(browser["load_event"], 95)]]

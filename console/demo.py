@@ -10,7 +10,7 @@ from django.db import transaction
 from approvals.defaults import ensure_policy_defaults
 from approvals.models import Tool
 from console.models import AgentPrincipal, Membership, Role, Tenant, hash_token
-from runs.defaults import ensure_release_gates
+from runs.defaults import ensure_demo_prices, ensure_release_gates
 
 DEMO_USERS = [
     # username, roles, reviewer max tier, superuser
@@ -27,6 +27,7 @@ def ensure_demo_data() -> AgentPrincipal:
         raise ImproperlyConfigured("Demo identities are created only in embedded mode.")
     ensure_policy_defaults()
     ensure_release_gates()
+    ensure_demo_prices()
     tenant, _ = Tenant.objects.get_or_create(slug="acme", defaults={"name": "Acme Corp"})
     User = get_user_model()
     for username, roles, max_tier, superuser in DEMO_USERS:

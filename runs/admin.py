@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from console.lib.admin import ReadOnlyAdmin
-from runs.models import Lease, ReleaseGate, Step, Task
+from runs.models import Lease, ModelPrice, ReleaseGate, Step, Task
 
 
 @admin.register(Task)
@@ -28,3 +28,10 @@ class ReleaseGateAdmin(admin.ModelAdmin):
     list_display = ["indicator", "comparison", "threshold", "task_type", "enabled", "description"]
     list_filter = ["indicator", "enabled"]
     list_editable = ["threshold", "enabled"]
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    list_display = ["model", "tenant", "input_per_million", "output_per_million", "currency", "valid_from"]
+    list_filter = ["currency", "tenant"]
+    search_fields = ["model"]

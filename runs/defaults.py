@@ -1,8 +1,12 @@
-"""Default release gates (seed 003), installed by the embedded run command and the demo."""
+"""Default release gates (seed 003), installed by the embedded run command and the demo; and
+the demo fleet's model price, so a newcomer sees cost per step at once."""
 
 from __future__ import annotations
 
-from runs.models import ReleaseGate
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from runs.models import ModelPrice, ReleaseGate
 
 Ind, C = ReleaseGate.Indicator, ReleaseGate.Comparison
 
@@ -21,3 +25,13 @@ def ensure_release_gates() -> None:
             indicator=indicator, task_type="",
             defaults={"comparison": comparison, "threshold": threshold, "description": description},
         )
+
+
+def ensure_demo_prices() -> None:
+    """A list price for the demo fleet's fictional `demo-model` (console/management/commands/
+    demo_fleet.py). Real models' prices are the operator's to enter in the admin: a price list
+    shipped in code would be out of date the day a vendor changes it."""
+    if not ModelPrice.objects.filter(model="demo-model", tenant__isnull=True).exists():
+        ModelPrice.objects.create(model="demo-model", input_per_million=Decimal("1.00"),
+                                  output_per_million=Decimal("4.00"), currency="USD",
+                                  valid_from=datetime(2026, 1, 1, tzinfo=UTC))

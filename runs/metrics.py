@@ -12,13 +12,16 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from math import comb
 
 from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncHour
 
 from console.lib.canonical import sha256_hex
 from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
 from runs.models import ReleaseGate, Span, Task, TaskStatus
+from runs.pricing import PriceBook, format_money
 
 S = OperationStatus
 RESOLVED = {S.CONFIRMED, S.RETRY_SAFE, S.FAILED, S.COMPENSATION_REQUIRED}
@@ -47,12 +50,17 @@ class Indicators:
     retry_amplification: float | None = None
     latency_amplification: float | None = None
     tokens_per_success: float | None = None
+    cost_per_success: dict[str, Decimal] = field(default_factory=dict)  # per currency
     pass_at_k: dict[int, float] = field(default_factory=dict)
     pass_hat_k: dict[int, float] = field(default_factory=dict)
     trial_groups: int = 0
 
     def value(self, indicator: str) -> float | None:
         return getattr(self, indicator, None)
+
+    @property
+    def cost_per_success_display(self) -> str:
+        return format_money(self.cost_per_success)
 
 
 def _ratio(numerator: int | float, denominator: int | float) -> float | None:
@@ -122,8 +130,30 @@ def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier:
     result.human_intervention_rate = _ratio(len(touched), result.operations)
     tokens = Span.objects.filter(task__in=tasks).aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
     result.tokens_per_success = _ratio((tokens["i"] or 0) + (tokens["o"] or 0), result.tasks_succeeded)
+    if result.tasks_succeeded:
+        result.cost_per_success = {currency: amount / result.tasks_succeeded
+                                   for currency, amount in _token_cost(tasks, tenant_ids).items()}
     _trials(result, tasks, ks)
     return result
+
+
+def _token_cost(tasks, tenant_ids: set[int]) -> dict[str, Decimal]:
+    """What the tasks' model calls cost, per currency: all of them, failed attempts included,
+    which is the point of an amplification figure. Usage is summed per model and hour in SQL and
+    priced at the hour's start, so on the dashboard a new price takes effect from the next full
+    hour (the run page prices each span at its own start)."""
+    book = PriceBook.for_tenants(tenant_ids)
+    usage = (Span.objects.filter(task__in=tasks).exclude(input_tokens=None, output_tokens=None)
+             .values("tenant_id", "gen_ai_model", "gen_ai_response_model", hour=TruncHour("start_time"))
+             .annotate(i=Sum("input_tokens"), o=Sum("output_tokens")).order_by())
+    totals: dict[str, Decimal] = {}
+    for row in usage:
+        cost = book.cost(tenant_id=row["tenant_id"], request_model=row["gen_ai_model"],
+                         response_model=row["gen_ai_response_model"], at=row["hour"],
+                         input_tokens=row["i"], output_tokens=row["o"])
+        if cost is not None:
+            totals[cost[0]] = totals.get(cost[0], Decimal(0)) + cost[1]
+    return totals
 
 
 def _recovery(result: Indicators, operations) -> None:

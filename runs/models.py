@@ -138,7 +138,8 @@ class Span(models.Model):
     operation_id = models.CharField(max_length=64, blank=True, db_index=True)
     call_id = models.CharField(max_length=128, blank=True)
     gen_ai_operation = models.CharField(max_length=64, blank=True)
-    gen_ai_model = models.CharField(max_length=128, blank=True)
+    gen_ai_model = models.CharField(max_length=128, blank=True, help_text="gen_ai.request.model")
+    gen_ai_response_model = models.CharField(max_length=128, blank=True, help_text="gen_ai.response.model")
     gen_ai_tool = models.CharField(max_length=128, blank=True)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
@@ -155,6 +156,40 @@ class Span(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.trace_id[:8]}/{self.span_id})"
+
+
+class ModelPrice(models.Model):
+    """What a model's tokens cost, for the run page's cost per step and the dashboard's cost per
+    success. Computed when read, never stored on spans, so a corrected price corrects history.
+
+    A row without a tenant is the list price for everyone; a tenant's own row (a negotiated
+    rate, a fine-tuned or self-hosted model) wins over it for that tenant. A price applies from
+    `valid_from` until a later row for the same model and scope, so raising a price does not
+    reprice last month's runs. Matched on the exact model name: the response model first (the
+    model that actually answered, often a dated snapshot), then the requested one; never by
+    prefix, since "gpt-4o" is a prefix of "gpt-4o-mini"."""
+
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, null=True, blank=True,
+                               related_name="model_prices", help_text="Empty: the list price for every tenant.")
+    model = models.CharField(max_length=128, help_text="Exact name as in gen_ai.response.model or gen_ai.request.model.")
+    input_per_million = models.DecimalField(max_digits=12, decimal_places=6, help_text="Per million input tokens.")
+    output_per_million = models.DecimalField(max_digits=12, decimal_places=6, help_text="Per million output tokens.")
+    currency = models.CharField(max_length=3, default="USD", help_text="ISO 4217 code.")
+    valid_from = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["model", "tenant_id", "-valid_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "model", "valid_from"], name="model_price_unique"),
+            models.UniqueConstraint(fields=["model", "valid_from"], condition=models.Q(tenant__isnull=True),
+                                    name="model_price_unique_list"),
+            models.CheckConstraint(condition=models.Q(input_per_million__gte=0, output_per_million__gte=0),
+                                   name="model_price_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        scope = self.tenant.slug if self.tenant_id else "list"
+        return f"{self.model} ({scope}): {self.input_per_million}/{self.output_per_million} {self.currency} per 1M"
 
 
 class ReleaseGate(models.Model):

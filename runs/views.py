@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Max, Q, Sum
-from django.http import Http404, HttpRequest, HttpResponse
+from django.db.models import Count, Q
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 
 from approvals.models import ApprovalRequest
 from console.access import tenant_ids_for
 from console.live import latest_event_id
 from ledger.models import Event, Operation
-from runs.models import TASK_TERMINAL, Span, Task, TaskStatus
-from runs.waterfall import build_waterfall
+from runs.models import TASK_TERMINAL, Task, TaskStatus
+from runs.pricing import PriceBook
+from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows, trace_state
 
 PAGE_SIZE = 50
-MAX_SPANS = 5000
 
 
 def _get_task_for_user(request: HttpRequest, task_id: str) -> Task:
@@ -58,36 +59,16 @@ def run_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-# The waterfall's columns only: attributes, resource and events are large and unused here.
-WATERFALL_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "duration_ms",
-                    "status_code", "gen_ai_model", "step_id")
-
-
-def _trace_spans(task: Task):
-    return Span.objects.filter(tenant_id=task.tenant_id,
-                               trace_id__in=Span.objects.filter(task=task).values("trace_id"))
-
-
-def trace_version(task: Task) -> str:
-    """Changes whenever a span of the run's traces arrives: the page re-renders only then."""
-    stats = _trace_spans(task).aggregate(n=Count("id"), last=Max("id"))
-    return f"{stats['n']}-{stats['last'] or 0}"
-
-
 def run_detail_context(task: Task) -> dict:
-    spans = list(_trace_spans(task).only(*WATERFALL_FIELDS).order_by("start_time")[:MAX_SPANS])
-    steps = (
-        Span.objects.filter(task=task).exclude(step_id="").values("step_id")
-        .annotate(spans=Count("id"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
-                  latency_ms=Sum("duration_ms"), errors=Count("id", filter=Q(status_code="error")))
-        .order_by("step_id")
-    )
+    rows = trace_rows(task)
+    summary, costs = summarize(task, rows, PriceBook.for_tenants([task.tenant_id]))
+    total, cursor = trace_state(task) if len(rows) >= MAX_SPANS else (len(rows), max((r.id for r in rows), default=0))
     operations = list(Operation.objects.filter(task=task).select_related("tool", "step").order_by("created_at"))
     approvals = list(ApprovalRequest.objects.filter(task=task).order_by("created_at"))
     events = list(Event.objects.filter(entity="task", entity_id=task.task_id).order_by("id"))
     return {
-        "task": task, "waterfall": build_waterfall(spans), "span_count": len(spans), "steps": list(steps),
-        "trace_version": trace_version(task),
+        "task": task, "summary": summary, "spans": payload(rows, costs), "span_count": total,
+        "cursor": cursor, "limit": MAX_SPANS,
         "operations": operations, "approvals": approvals, "events": events,
         "active": task.status not in TASK_TERMINAL,
     }
@@ -96,8 +77,31 @@ def run_detail_context(task: Task) -> dict:
 @login_required
 def run_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     task = _get_task_for_user(request, task_id)
-    if request.htmx and request.GET.get("trace_version") == trace_version(task):
-        return HttpResponse(status=204)  # nothing new: htmx keeps the waterfall it has
     context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": latest_event_id()}
-    template = "runs/detail.html#trace" if request.htmx else "runs/detail.html"
-    return render(request, template, context)
+    return render(request, "runs/detail.html", context)
+
+
+def _int_param(request: HttpRequest, name: str) -> int:
+    raw = request.GET.get(name, "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+@login_required
+def run_trace(request: HttpRequest, task_id: str) -> HttpResponse:
+    """The spans of the run's traces the page has not seen (row id above `after`), the refreshed
+    per-step summary, and the count the page should now hold. 204 when nothing arrived."""
+    task = _get_task_for_user(request, task_id)
+    after, known = _int_param(request, "after"), _int_param(request, "known")
+    total, cursor = trace_state(task)
+    active = task.status not in TASK_TERMINAL
+    if (total, cursor) == (known, after) and active:
+        return HttpResponse(status=204)
+    rows = trace_rows(task)
+    summary, costs = summarize(task, rows, PriceBook.for_tenants([task.tenant_id]))
+    new = [(row, cost) for row, cost in zip(rows, costs, strict=True) if row.id > after]
+    return JsonResponse({
+        "spans": payload([row for row, _ in new], [cost for _, cost in new]),
+        "cursor": max(cursor, after), "total": total, "limit": MAX_SPANS, "active": active,
+        "summary": render_to_string("runs/_trace_summary.html", {"summary": summary, "span_count": total},
+                                    request=request),
+    })

@@ -1,73 +1,107 @@
-"""A trace as a person reads it: a tree of spans on one time axis, errors marked, and the
-critical path (the chain of spans that decided when the run finished)."""
+"""A run's trace for the run page.
+
+The server reads the spans of the run's traces as plain tuples and sends them to the browser as
+compact rows; static/runs/waterfall.js lays out the tree and the time axis, marks errors and the
+critical path, and collapses large subtrees. While the run is active the page asks only for
+spans it has not seen (`after` = the highest span row id it holds) and appends them, so a
+2,000-span trace is neither re-rendered nor re-sent every few seconds.
+
+Row ids are a cursor with one gap: two ingest transactions may commit out of id order, so a
+span may appear below the cursor after the client moved past it. The client therefore compares
+the count it holds with `total` and asks for everything again when they differ.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import NamedTuple
 
-from runs.models import Span
+from django.db.models import Count, Max
+
+from runs.models import Span, Task
+from runs.pricing import PriceBook, Usage
+
+MAX_SPANS = 5000
+
+
+class Row(NamedTuple):
+    id: int
+    span_id: str
+    parent_span_id: str
+    name: str
+    start_time: datetime
+    end_time: datetime
+    duration_ms: float
+    status_code: str
+    gen_ai_model: str
+    gen_ai_response_model: str
+    step_id: str
+    task_id: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+def trace_spans(task: Task):
+    """Every span of every trace the run has a span in: an agent's child spans often carry no
+    `countersign.task_id` of their own."""
+    return Span.objects.filter(tenant_id=task.tenant_id,
+                               trace_id__in=Span.objects.filter(task=task).values("trace_id"))
+
+
+def trace_state(task: Task) -> tuple[int, int]:
+    """(spans, highest row id): changes whenever a span of the run's traces arrives."""
+    stats = trace_spans(task).aggregate(n=Count("id"), last=Max("id"))
+    return stats["n"], stats["last"] or 0
+
+
+def trace_rows(task: Task, *, after: int = 0) -> list[Row]:
+    spans = trace_spans(task)
+    if after:
+        spans = spans.filter(id__gt=after).order_by("id")
+    else:
+        spans = spans.order_by("start_time", "id")
+    return [Row(*values) for values in spans.values_list(*Row._fields)[:MAX_SPANS]]
 
 
 @dataclass
-class Bar:
-    span: Span
-    depth: int
-    offset_pct: float
-    width_pct: float
-    critical: bool = False
-    children: list[Bar] = field(default_factory=list)
+class TraceSummary:
+    steps: list[tuple[str, Usage]]
+    total: Usage
 
 
-@dataclass
-class Waterfall:
-    bars: list[Bar]
-    total_ms: float
-    critical_ms: float
-    errors: int
+def summarize(task: Task, rows: list[Row], book: PriceBook) -> tuple[TraceSummary, list[tuple[str, Decimal] | None]]:
+    """Per step (the run's own spans that name a step) and for the whole trace: spans, errors,
+    tokens, cost and wall-clock latency. Also each row's cost, in the order of `rows`."""
+    steps: dict[str, Usage] = {}
+    total = Usage()
+    costs = []
+    for row in rows:
+        cost = book.cost(tenant_id=task.tenant_id, request_model=row.gen_ai_model,
+                         response_model=row.gen_ai_response_model, at=row.start_time,
+                         input_tokens=row.input_tokens, output_tokens=row.output_tokens)
+        costs.append(cost)
+        usage = dict(start=row.start_time, end=row.end_time, error=row.status_code == Span.StatusCode.ERROR,
+                     input_tokens=row.input_tokens, output_tokens=row.output_tokens, cost=cost)
+        total.add(**usage)
+        if row.step_id and row.task_id == task.task_id:
+            steps.setdefault(row.step_id, Usage()).add(**usage)
+    ordered = sorted(steps.items(), key=lambda item: (item[1].start, item[0]))
+    return TraceSummary(steps=ordered, total=total), costs
 
 
-def build_waterfall(spans: list[Span]) -> Waterfall:
-    if not spans:
-        return Waterfall(bars=[], total_ms=0.0, critical_ms=0.0, errors=0)
-    t0 = min(s.start_time for s in spans)
-    t1 = max(s.end_time for s in spans)
-    total_ms = max((t1 - t0).total_seconds() * 1000, 0.001)
-    ids = {s.span_id for s in spans}
-    children: dict[str, list[Span]] = defaultdict(list)
-    roots: list[Span] = []
-    for span in sorted(spans, key=lambda s: (s.start_time, s.span_id)):
-        if span.parent_span_id and span.parent_span_id in ids and span.parent_span_id != span.span_id:
-            children[span.parent_span_id].append(span)
-        else:
-            roots.append(span)  # a root, or an orphan whose parent never arrived
-
-    def bar_for(span: Span, depth: int) -> Bar:
-        offset = (span.start_time - t0).total_seconds() * 1000 / total_ms * 100
-        width = max(span.duration_ms / total_ms * 100, 0.2)
-        return Bar(span=span, depth=depth, offset_pct=round(offset, 3), width_pct=round(min(width, 100 - offset), 3))
-
-    bars: list[Bar] = []
-    stack = [(root, 0) for root in reversed(roots)]
-    by_id: dict[str, Bar] = {}
-    seen: set[str] = set()
-    while stack:  # iterative: a 2,000-span trace must not hit the recursion limit
-        span, depth = stack.pop()
-        if span.span_id in seen:
-            continue
-        seen.add(span.span_id)
-        bar = bar_for(span, depth)
-        by_id[span.span_id] = bar
-        bars.append(bar)
-        stack.extend((child, depth + 1) for child in reversed(children.get(span.span_id, [])))
-
-    # Critical path: from the root that ends last, repeatedly the child that ends last.
-    critical_ms = 0.0
-    current = max(roots, key=lambda s: s.end_time)
-    critical_ms = current.duration_ms
-    while current is not None:
-        by_id[current.span_id].critical = True
-        kids = children.get(current.span_id, [])
-        current = max(kids, key=lambda s: s.end_time) if kids else None
-    return Waterfall(bars=bars, total_ms=total_ms, critical_ms=critical_ms,
-                     errors=sum(1 for s in spans if s.status_code == Span.StatusCode.ERROR))
+def payload(rows: list[Row], costs: list[tuple[str, Decimal] | None]) -> list[list]:
+    """One short array per span (see FIELDS in waterfall.js): about a quarter of the HTML a
+    server-rendered row took."""
+    out = []
+    for row, cost in zip(rows, costs, strict=True):
+        out.append([
+            row.id, row.span_id, row.parent_span_id, row.name,
+            round(row.start_time.timestamp() * 1000, 3), round(row.duration_ms, 3),
+            1 if row.status_code == Span.StatusCode.ERROR else 0,
+            row.gen_ai_response_model or row.gen_ai_model, row.step_id,
+            row.input_tokens, row.output_tokens,
+            f"{cost[0]} {cost[1]:.6f}" if cost else None,
+        ])
+    return out

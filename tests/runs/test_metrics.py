@@ -105,3 +105,24 @@ def test_metrics_are_open_on_loopback_and_need_the_token_elsewhere(client, agent
     settings.METRICS_TOKEN = "s3cret"
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 401
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_cost_per_success_counts_the_tokens_of_failed_tasks_too(agent, outsider_agent):
+    from decimal import Decimal
+
+    from runs.models import ModelPrice, Span
+
+    ModelPrice.objects.create(model="gpt-x", input_per_million=Decimal("2"), output_per_million=Decimal("10"),
+                              valid_from=timezone.now() - timedelta(days=1))
+    now = timezone.now()
+    for status, principal in ((TaskStatus.SUCCEEDED, agent), (TaskStatus.FAILED, agent),
+                              (TaskStatus.SUCCEEDED, outsider_agent)):
+        task = make_task(principal)
+        Task.objects.filter(pk=task.pk).update(status=status)
+        Span.objects.create(tenant_id=task.tenant_id, trace_id=f"{task.pk:0>32}"[-32:], span_id="00000000000000a1",
+                            name="chat", start_time=now, end_time=now, duration_ms=1, task=task,
+                            gen_ai_model="gpt-x", input_tokens=100_000, output_tokens=10_000)
+    result = metrics.compute(tenant_ids={agent.tenant_id}, since=since())
+    # Two tasks' calls (0.2 + 0.1 each) over one success; the other tenant's task is not counted.
+    assert result.cost_per_success == {"USD": Decimal("0.6")}
+    assert result.cost_per_success_display == "USD 0.6000"

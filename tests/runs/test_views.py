@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
 from console.models import Role
-from runs.models import Span
-from runs.services import task_create
+from runs.models import ModelPrice, Span
+from runs.services import task_cancel, task_create
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
@@ -22,14 +23,14 @@ def viewer(client, tenant):
     return user
 
 
-def add_spans(task, n: int, *, trace: str = "a" * 32, first: int = 0) -> None:
+def add_spans(task, n: int, *, trace: str = "a" * 32, first: int = 0, model: str = "") -> None:
     t0 = timezone.now()
     Span.objects.bulk_create([
         Span(tenant_id=task.tenant_id, trace_id=trace, span_id=f"{first + i + 1:016x}",
              parent_span_id="" if i == 0 else f"{first + 1:016x}", name=f"span {i}",
              start_time=t0 + timedelta(milliseconds=i), end_time=t0 + timedelta(milliseconds=i + 5),
              duration_ms=5.0, task=task, step_id=f"step-{i % 3}",
-             status_code="error" if i == 2 else "unset", input_tokens=10, output_tokens=2)
+             status_code="error" if i == 2 else "unset", input_tokens=10, output_tokens=2, gen_ai_model=model)
         for i in range(n)
     ])
 
@@ -67,15 +68,30 @@ def test_anonymous_visitors_are_sent_to_log_in(client):
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
-def test_the_detail_page_shows_contract_steps_and_waterfall(client, viewer, agent):
+def test_the_detail_page_shows_contract_steps_cost_and_the_spans(client, viewer, agent):
+    ModelPrice.objects.create(model="gpt-x", input_per_million=Decimal("3"), output_per_million=Decimal("15"),
+                              valid_from=timezone.now() - timedelta(days=1))
     task = task_create(principal=agent, task_type="refund", goal="Refund 30 EUR",
                        success_criteria=[{"kind": "refund_confirmed"}])
-    add_spans(task, 5)
-    body = client.get(f"/runs/{task.task_id}/").content.decode()
+    add_spans(task, 5, model="gpt-x")
+    response = client.get(f"/runs/{task.task_id}/")
+    body = response.content.decode()
     assert "Refund 30 EUR" in body and "refund_confirmed" in body
-    assert body.count('class="waterfall__row') == 5
+    assert len(response.context["spans"]) == 5 and 'id="run-spans"' in body
     assert "1 error" in body and "step-2" in body
+    # Per step: step-0 has spans 0 and 3, 20 input and 4 output tokens: 20 × 3/1M + 4 × 15/1M.
+    step0 = body.split('data-step="step-0"')[1].split("</tr>")[0]
+    assert "USD 0.0001" in step0 and ">20<" in step0 and ">4<" in step0
+    total = body.split("<tfoot>")[1].split("</tfoot>")[0]
+    assert "USD 0.0003" in total and ">50<" in total and ">10<" in total  # 50 × 3/1M + 10 × 15/1M
     assert f'ws-connect="/ws/live/run/{task.task_id}/"' in body
+
+
+def test_tokens_of_a_model_without_a_price_are_shown_as_unpriced(client, viewer, agent):
+    task = task_create(principal=agent, task_type="refund", goal="g")
+    add_spans(task, 2, model="no-price-model")
+    body = client.get(f"/runs/{task.task_id}/").content.decode()
+    assert "+24 tokens of models without a price" in body
 
 
 @pytest.mark.parametrize("rows", [3, 30])
@@ -92,15 +108,48 @@ def test_the_detail_query_count_does_not_grow_with_spans(client, viewer, agent, 
     add_spans(task, spans)
     with django_assert_max_num_queries(14):
         assert client.get(f"/runs/{task.task_id}/").status_code == 200
+    with django_assert_max_num_queries(10):
+        assert client.get(f"/runs/{task.task_id}/trace/").status_code == 200
 
 
-def test_an_unchanged_trace_is_not_rendered_again(client, viewer, agent):
+def trace(client, task, after: int, known: int):
+    return client.get(f"/runs/{task.task_id}/trace/", {"after": after, "known": known})
+
+
+def test_the_live_trace_sends_only_spans_the_page_has_not_seen(client, viewer, agent):
     task = task_create(principal=agent, task_type="refund", goal="g")
     add_spans(task, 3)
-    page = client.get(f"/runs/{task.task_id}/").content.decode()
-    version = page.split("trace_version=")[1].split('"')[0]
-    poll = client.get(f"/runs/{task.task_id}/", {"trace_version": version}, HTTP_HX_REQUEST="true")
-    assert poll.status_code == 204
+    page = client.get(f"/runs/{task.task_id}/")
+    cursor = page.context["cursor"]
+    assert trace(client, task, cursor, 3).status_code == 204  # nothing new: nothing read, nothing sent
     add_spans(task, 2, trace="b" * 32, first=100)
-    poll = client.get(f"/runs/{task.task_id}/", {"trace_version": version}, HTTP_HX_REQUEST="true")
-    assert poll.status_code == 200 and poll.content.decode().count('class="waterfall__row') == 5
+    answer = trace(client, task, cursor, 3)
+    data = answer.json()
+    assert answer.status_code == 200 and data["total"] == 5 and data["active"] is True
+    assert sorted(row[1] for row in data["spans"]) == [f"{101:016x}", f"{102:016x}"]
+    assert data["cursor"] > cursor and 'id="run-trace-summary"' in data["summary"]
+    assert trace(client, task, data["cursor"], 5).status_code == 204
+
+
+def test_a_page_that_missed_a_span_gets_all_of_them_again(client, viewer, agent):
+    task = task_create(principal=agent, task_type="refund", goal="g")
+    add_spans(task, 4)
+    cursor = client.get(f"/runs/{task.task_id}/").context["cursor"]
+    # The page holds 3 of 4 (one committed below its cursor): the counts differ, so it asks from 0.
+    data = trace(client, task, cursor, 3).json()
+    assert data["spans"] == [] and data["total"] == 4
+    assert len(trace(client, task, 0, 3).json()["spans"]) == 4
+
+
+def test_a_finished_run_says_so_and_the_page_stops_asking(client, viewer, agent):
+    task = task_create(principal=agent, task_type="refund", goal="g")
+    add_spans(task, 1)
+    cursor = client.get(f"/runs/{task.task_id}/").context["cursor"]
+    task_cancel(task_id=task.task_id, actor="user:viewer", reason="done")
+    assert trace(client, task, cursor, 1).json()["active"] is False
+    assert 'data-active="false"' in client.get(f"/runs/{task.task_id}/").content.decode()
+
+
+def test_another_tenants_trace_is_not_found(client, viewer, outsider_agent):
+    theirs = task_create(principal=outsider_agent, task_type="refund", goal="g")
+    assert client.get(f"/runs/{theirs.task_id}/trace/").status_code == 404
