@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+# The web server keeps its PostgreSQL connections in a pool (console/settings.py; SQLite ignores
+# it). Set only while the settings are read below, so that no process started from this one (a
+# test session imports this module, then starts Celery prefork workers) inherits it.
+_POOL_BY_DEFAULT = "DATABASE_POOL" not in os.environ
+if _POOL_BY_DEFAULT:
+    os.environ["DATABASE_POOL"] = "10"
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
@@ -13,19 +19,25 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
+from console.tracing import asgi_lifespan, setup_tracing  # noqa: E402
+
+# Before the handler loads its middleware: Django's instrumentation works by adding one.
+# Celery too, so a task's spans continue the trace of the request that published it.
+setup_tracing(instrument_django=True, instrument_celery=True)
 django_asgi_app = get_asgi_application()
+if _POOL_BY_DEFAULT:
+    del os.environ["DATABASE_POOL"]  # the settings have been read
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 
 from console import live  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
-from console.tracing import setup_tracing  # noqa: E402
 
-setup_tracing(instrument_django=True)
 live.SERVING = True
 
 application = ProtocolTypeRouter(
     {
         "http": http_app,
+        "lifespan": asgi_lifespan,  # flushes spans at shutdown; run uvicorn with --lifespan on
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -1,4 +1,5 @@
-"""OpenTelemetry set-up: one tracer provider per process, flushed on shutdown.
+"""OpenTelemetry set-up: one tracer provider per process, flushed on shutdown (Celery's
+worker_process_shutdown in each pool process; the ASGI lifespan's shutdown in each server).
 
 Exporting is off unless OTEL_ENABLED is true and an OTLP endpoint is set; the console's own
 spans are still created (and cost next to nothing) so code can always use `tracer`.
@@ -40,11 +41,35 @@ def setup_tracing(*, instrument_celery: bool = False, instrument_django: bool = 
 
         CeleryInstrumentor().instrument()
     if instrument_django:
+        import os
+
         from opentelemetry.instrumentation.django import DjangoInstrumentor
 
-        DjangoInstrumentor().instrument()
+        # Not /v1/traces: a console exporting its own spans to its own ingest would trace every
+        # export, which is exported in turn, forever. Nor the probes. The standard variable wins.
+        excluded = os.environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", "v1/traces,healthz,metrics")
+        DjangoInstrumentor().instrument(excluded_urls=excluded)
 
 
 def shutdown_tracing() -> None:
+    """Export what the batch processor still holds, then stop it."""
     if _provider is not None:
         _provider.shutdown()
+
+
+async def asgi_lifespan(scope, receive, send) -> None:
+    """The ASGI lifespan protocol: flush spans when the server shuts down (`--lifespan on`).
+
+    The provider's atexit hook is not enough under uvicorn: on SIGTERM it shuts down gracefully,
+    then restores the default handler and raises the signal again, so the process dies without
+    running atexit and the spans of its last seconds are lost."""
+    from asgiref.sync import sync_to_async
+
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await sync_to_async(shutdown_tracing, thread_sensitive=False)()  # a blocking HTTP export
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -42,7 +42,7 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
     tool = operation.tool
     adapter = get_adapter(tool.adapter)
     attributes = {"countersign.operation_id": operation_id, "countersign.task_id": operation.task_id,
-                  "gen_ai.tool.name": tool.name}
+                  "gen_ai.tool.name": tool.name, "gen_ai.tool.call.id": operation.call_id}
     token = operation.fencing_token
     with tracer.start_as_current_span("reconcile", attributes=attributes) as span:
         try:

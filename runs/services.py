@@ -273,9 +273,33 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
             input_tokens=_int_or_none(attrs.get("gen_ai.usage.input_tokens")),
             output_tokens=_int_or_none(attrs.get("gen_ai.usage.output_tokens")),
         ))
+    _link_operations(principal, rows)
     with transaction.atomic():
         Span.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)
     return len(rows)
+
+
+def _link_operations(principal: AgentPrincipal, rows: list) -> None:
+    """A span that names an operation of the tenant belongs to that operation's task, step and
+    call, whether or not it says so: the console's dispatch and reconcile spans know the
+    operation, an agent's tool span often only the call."""
+    from ledger.models import Operation
+
+    wanted = {r.operation_id for r in rows if r.operation_id and not (r.task_id and r.step_id and r.call_id)}
+    if not wanted:
+        return
+    owners = {
+        op_id: (task_id, step_id, call_id)
+        for op_id, task_id, step_id, call_id in Operation.objects.filter(
+            tenant_id=principal.tenant_id, operation_id__in=wanted,
+        ).values_list("operation_id", "task_id", "step__step_id", "call_id")
+    }
+    for row in rows:
+        if row.operation_id in owners:
+            task_id, step_id, call_id = owners[row.operation_id]
+            row.task_id = row.task_id or task_id
+            row.step_id = row.step_id or step_id
+            row.call_id = row.call_id or call_id
 
 
 def task_record_verification(*, task_id: str, expected_version: int, result: str,

@@ -46,7 +46,7 @@ class AsgiServer:
             **(env or {}),
         }
         self.child = Child("asgi", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host",
-                                    "127.0.0.1", "--port", str(self.port), "--lifespan", "off",
+                                    "127.0.0.1", "--port", str(self.port), "--lifespan", "on",
                                     "--log-level", "warning"], env=child_env)
 
     def start(self) -> AsgiServer:

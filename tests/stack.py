@@ -15,9 +15,10 @@ from tests.asgi import REPO, AsgiServer, test_database_url
 
 
 class FullStack:
-    def __init__(self, *, worker_queues: str = "fast,slow") -> None:
+    def __init__(self, *, worker_queues: str = "fast,slow", env: dict[str, str] | None = None) -> None:
         self.var = Path(tempfile.mkdtemp(prefix="countersign-stack-"))
         self.worker_queues = worker_queues
+        self.extra_env = env or {}
         self.payments: SandboxProcess | None = None
         self.mail: SandboxProcess | None = None
         self.server: AsgiServer | None = None
@@ -37,6 +38,7 @@ class FullStack:
             "SANDBOX_MAIL_URL": self.mail.base_url,
             "SANDBOX_MAIL_SMTP_PORT": str(self.mail.smtp_port),
             "DISPATCH_GRACE_SECONDS": "2",
+            **self.extra_env,
         }
         self.worker = Child("stack-worker", [sys.executable, "-m", "celery", "-A", "console", "worker", "-Q",
                                              self.worker_queues, "-c", "2", "-l", "warning",

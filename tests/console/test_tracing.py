@@ -50,3 +50,56 @@ def test_gate_and_approval_wait_and_dispatch_spans_are_linked(exported, agent, r
     assert wait.attributes["countersign.task_id"] == task.task_id
     assert wait.end_time >= wait.start_time
     assert spans["dispatch"].attributes["countersign.operation_id"] == "op_missing"
+
+
+def _stored(**filters) -> list:
+    from runs.models import Span
+
+    return list(Span.objects.filter(**filters).order_by("start_time"))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_django_and_a_real_celery_worker_export_linked_spans_flushed_on_shutdown(live_server, agent):
+    """The product's own processes with OTEL_ENABLED export over OTLP/HTTP to a Countersign
+    (pytest-django's live server, in this process) like any agent: a server span per request;
+    per task a Celery span with dispatch, provider.call and reconcile under it, carrying the IDs.
+    The batch delay is a minute, so spans can arrive only through the flush at shutdown."""
+    from runs.models import Span
+    from tests.browser.test_full_stack import Agent
+    from tests.conftest import AGENT_TOKEN
+    from tests.stack import FullStack
+
+    stack = FullStack(worker_queues="fast,slow", env={
+        "OTEL_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": live_server.url,
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer%20{AGENT_TOKEN}",
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
+    }).start()
+    try:
+        api = Agent(stack.url)
+        task_id, version, token = api.running_task()
+        # The effect commits and the reply is lost: unknown, then the reconciler finds it.
+        proposal = api.refund(task_id, version, token, order_id="fault-lost-reply-otel", amount=30)
+        api.wait_for(proposal["call_id"], task_id, "confirmed")
+        assert not Span.objects.filter(name="provider.call").exists()  # still in the worker's batch
+    finally:
+        stack.stop()
+
+    server = [s for s in _stored(kind="server") if s.attributes.get("http.route", "").endswith("calls")]
+    assert server, f"no server span; stored: {sorted({s.name for s in _stored()})}"
+    op = proposal["operation_id"]
+    dispatch = _stored(name="dispatch", operation_id=op)
+    provider = _stored(name="provider.call", operation_id=op)
+    reconcile = _stored(name="reconcile", operation_id=op)
+    assert dispatch and provider and len(reconcile) == 1, sorted({s.name for s in _stored()})
+    for span in [*dispatch, *provider, *reconcile]:
+        assert (span.task_id, span.step_id, span.call_id, span.operation_id) == (
+            task_id, "refund", proposal["call_id"], op), span.name
+        parent = Span.objects.get(trace_id=span.trace_id, span_id=span.parent_span_id)
+        if span.name == "provider.call":
+            assert parent.name == "dispatch"
+        else:
+            assert (parent.name, parent.kind) == (f"run/ledger.{span.name}_operation", "consumer")
+    # The worker's task continues the trace of the request that published it.
+    task_span = Span.objects.get(span_id=dispatch[0].parent_span_id, trace_id=dispatch[0].trace_id)
+    assert task_span.trace_id == server[0].trace_id

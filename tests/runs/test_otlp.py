@@ -52,7 +52,7 @@ def test_it_stores_json_spans_linked_to_the_task_and_gen_ai_fields(client, agent
     payload = otlp_json(
         span_json("051581bf3cb55c13", name="chat", attributes={
             "gen_ai.operation.name": "chat", "gen_ai.request.model": "demo-model",
-            "gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": 30}),
+            "gen_ai.response.model": "demo-model-2026-01", "gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": 30}),
         span_json("051581bf3cb55c14", name="failing", parent="051581bf3cb55c13",
                   attributes={"gen_ai.tool.name": "payments.refund", "gen_ai.tool.call.id": "call-1",
                               "countersign.step_id": "refund"}),
@@ -63,7 +63,8 @@ def test_it_stores_json_spans_linked_to_the_task_and_gen_ai_fields(client, agent
     assert response.json() == {}
     chat = Span.objects.get(span_id="051581bf3cb55c13")
     assert chat.task_id == task.task_id and chat.service_name == "demo-agent"
-    assert (chat.gen_ai_model, chat.input_tokens, chat.output_tokens) == ("demo-model", 120, 30)
+    assert (chat.gen_ai_model, chat.gen_ai_response_model, chat.input_tokens, chat.output_tokens) == (
+        "demo-model", "demo-model-2026-01", 120, 30)
     assert chat.duration_ms == pytest.approx(250.0)
     tool = Span.objects.get(span_id="051581bf3cb55c14")
     assert (tool.parent_span_id, tool.call_id, tool.step_id, tool.status_code) == (
@@ -85,6 +86,23 @@ def test_it_never_links_a_span_to_another_tenants_task(client, agent, outsider_a
     assert post(client, payload).status_code == 200
     span = Span.objects.get()
     assert span.task_id is None and span.tenant_id == agent.tenant_id
+
+
+@pytest.mark.django_db
+def test_a_span_naming_an_operation_gets_its_task_step_and_call(client, agent, outsider_agent):
+    from tests.factories import make_operation
+
+    mine = make_operation(agent, step_id="refund", call_id="call-7")
+    theirs = make_operation(outsider_agent, step_id="refund", call_id="call-8")
+    payload = otlp_json(span_json("2222222222222221", name="dispatch",
+                                  attributes={"countersign.operation_id": mine.operation_id}),
+                        span_json("2222222222222222", name="dispatch",
+                                  attributes={"countersign.operation_id": theirs.operation_id}))
+    assert post(client, payload).status_code == 200
+    linked = Span.objects.get(span_id="2222222222222221")
+    assert (linked.task_id, linked.step_id, linked.call_id) == (mine.task_id, "refund", "call-7")
+    foreign = Span.objects.get(span_id="2222222222222222")
+    assert (foreign.task_id, foreign.step_id, foreign.call_id) == (None, "", "")
 
 
 @pytest.mark.django_db

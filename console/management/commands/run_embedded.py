@@ -61,7 +61,7 @@ class Command(BaseCommand):
                 Child("beat", python("-m", "celery", "-A", "console", "beat", "-l", "warning",
                                      "-s", str(var / "celerybeat-schedule"))),
                 Child("server", python("-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-                                       "--port", str(port), "--lifespan", "off", "--log-level", "warning")),
+                                       "--port", str(port), "--lifespan", "on", "--log-level", "warning")),
             ]
             if not no_fleet:
                 children.append(Child("fleet", python("manage.py", "demo_fleet", "--url", f"http://127.0.0.1:{port}",
