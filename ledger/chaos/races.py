@@ -75,7 +75,8 @@ def at_once(jobs: list[Callable[[], object]], rng: random.Random) -> list[tuple[
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=run, args=(i,), name=f"chaos-race-{i}") for i in range(len(jobs))]
+    threads = [threading.Thread(target=run, args=(i,), name=f"chaos-race-{i}", daemon=True)  # Ctrl-C must end the run
+               for i in range(len(jobs))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -156,7 +157,13 @@ def call_id_mismatch(stack: ChaosStack, world: World, rng: random.Random, index:
     operation_id = run.operation_id(world, REFUND)
     call_id = f"call-{uuid.uuid4().hex[:12]}"
     first = refund_arguments(order(), 25)
-    others = [_other_arguments(first, rng) for _ in range(rng.randint(2, 8))]
+    others: list[dict] = []
+    for _ in range(rng.randint(2, 8)):
+        # Pairwise distinct: two identical "other" bodies are one intent, and the second is
+        # rightly answered as a repeat of the first (a harness bug the first 200-trial run found).
+        while (candidate := _other_arguments(first, rng)) in others:
+            pass
+        others.append(candidate)
 
     def job(arguments: dict) -> Callable[[], object]:
         return lambda: call_propose(principal=world.agent, task_id=run.task_id, call_id=call_id,
@@ -221,9 +228,11 @@ def stale_lease(stack: ChaosStack, world: World, rng: random.Random, index: int)
             return call_propose(principal=world.agent, task_id=run.task_id, call_id="call-old", step_id=run.step_id,
                                 tool_name=REFUND, arguments=arguments, expected_version=version,
                                 fencing_token=run.lease_token)
-        return run_services.task_transition(task_id=run.task_id, to=TaskStatus.RUNNING, expected_version=version,
-                                            fencing_token=run.lease_token, actor="worker:old",
-                                            reason="the old holder's late commit")
+        # A real move (running → running would be a no-op that writes nothing, found by the
+        # first 200-trial run): the old holder starts waiting on something external.
+        return run_services.task_transition(task_id=run.task_id, to=TaskStatus.WAITING_EXTERNAL,
+                                            expected_version=version, fencing_token=run.lease_token,
+                                            actor="worker:old", reason="the old holder's late commit")
 
     takeovers = [lambda owner=f"new{i}": run_services.lease_acquire(task_id=run.task_id, owner=owner,
                                                                      ttl_seconds=600, now=later)
@@ -257,8 +266,12 @@ def stale_lease(stack: ChaosStack, world: World, rng: random.Random, index: int)
             bad(f"the old holder's commit (event {landed and landed.id}) landed after the takeover "
                 f"(event {takeover and takeover.id})")
     # After the takeover the old token writes nothing, whatever it tries.
+    def next_move() -> str:
+        current = Task.objects.values_list("status", flat=True).get(pk=run.task_id)
+        return TaskStatus.WAITING_EXTERNAL if current == TaskStatus.RUNNING else TaskStatus.RUNNING
+
     for attempt, late in (("transition", lambda: run_services.task_transition(
-            task_id=run.task_id, to=TaskStatus.RUNNING, expected_version=Task.objects.get(pk=run.task_id).version,
+            task_id=run.task_id, to=next_move(), expected_version=Task.objects.get(pk=run.task_id).version,
             fencing_token=run.lease_token, actor="worker:old")),
                           ("proposal", lambda: call_propose(
             principal=world.agent, task_id=run.task_id, call_id="call-old-late", step_id="late",
@@ -270,6 +283,10 @@ def stale_lease(stack: ChaosStack, world: World, rng: random.Random, index: int)
         except Conflict:
             pass
     # The new holder finishes the step: the old holder's operation if it landed, else a new one.
+    task = Task.objects.get(pk=run.task_id)
+    if task.status != TaskStatus.RUNNING:
+        run_services.task_transition(task_id=run.task_id, to=TaskStatus.RUNNING, expected_version=task.version,
+                                     fencing_token=lease.fencing_token, actor=f"worker:{lease.owner}")
     answer = call_propose(principal=world.agent, task_id=run.task_id, call_id="call-new", step_id=run.step_id,
                           tool_name=REFUND, arguments=arguments,
                           expected_version=Task.objects.get(pk=run.task_id).version,
