@@ -35,7 +35,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     context = {
         "indicators": indicators,
         "gates": metrics.gate_results(indicators, task_type=task_type),
-        "chart": metrics.series(tenant_ids=tenant_ids, since=since),
+        "chart": metrics.series(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier),
+        "trials": {"k": list(indicators.pass_at_k), "pass_at_k": list(indicators.pass_at_k.values()),
+                   "pass_hat_k": [indicators.pass_hat_k.get(k) for k in indicators.pass_at_k]},
         "events": events,
         "last_event_id": events[0].id if events else 0,
         "window": window, "windows": list(WINDOWS), "task_type": task_type, "tier": tier_raw,

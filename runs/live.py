@@ -29,7 +29,8 @@ def _render_run(user, events: Sequence, task_id: str) -> str:
     operations = Operation.objects.filter(task_id=task_id).select_related("tool").order_by("created_at")
     return render_to_string("runs/_live.html", {
         "task": task, "events": mine, "operations": operations,
-        "approvals": ApprovalRequest.objects.filter(task_id=task_id).order_by("created_at"), "oob": True,
+        "approvals": ApprovalRequest.objects.filter(task_id=task_id).select_related("tool").order_by("created_at"),
+        "oob": True,
     })
 
 

@@ -85,9 +85,8 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return comb(c, k) / comb(n, k)
 
 
-def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: int | None = None,
-            ks: tuple[int, ...] = (1, 3, 5)) -> Indicators:
-    result = Indicators(window_start=since)
+def _scope(*, tenant_ids: set[int], since: datetime, task_type: str, tier: int | None):
+    """The tasks and operations an indicator counts: the user's tenants, the window, the filters."""
     tasks = Task.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since)
     operations = Operation.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since)
     if task_type:
@@ -95,6 +94,13 @@ def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier:
         operations = operations.filter(task__task_type=task_type)
     if tier is not None:
         operations = operations.filter(risk_tier=tier)
+    return tasks, operations
+
+
+def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: int | None = None,
+            ks: tuple[int, ...] = (1, 3, 5)) -> Indicators:
+    result = Indicators(window_start=since)
+    tasks, operations = _scope(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier)
 
     counts = tasks.aggregate(terminal=Count("task_id", filter=Q(status__in=TASK_DONE)),
                              succeeded=Count("task_id", filter=Q(status=TaskStatus.SUCCEEDED)))
@@ -123,11 +129,7 @@ def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier:
     result.latency_amplification = _ratio(per_op["total_latency"] or 0, per_op["first_latency"] or 0)
 
     _recovery(result, operations)
-    op_ids = operations.values("operation_id")
-    touched = set(operations.filter(approval_requests__isnull=False).values_list("operation_id", flat=True))
-    touched |= set(Event.objects.filter(entity="operation", entity_id__in=op_ids, actor__startswith="user:")
-                   .values_list("entity_id", flat=True))
-    result.human_intervention_rate = _ratio(len(touched), result.operations)
+    result.human_intervention_rate = _ratio(len(_touched_by_people(operations)), result.operations)
     tokens = Span.objects.filter(task__in=tasks).aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
     result.tokens_per_success = _ratio((tokens["i"] or 0) + (tokens["o"] or 0), result.tasks_succeeded)
     if result.tasks_succeeded:
@@ -156,25 +158,38 @@ def _token_cost(tasks, tenant_ids: set[int]) -> dict[str, Decimal]:
     return totals
 
 
-def _recovery(result: Indicators, operations) -> None:
+def _touched_by_people(operations) -> set[str]:
+    """Operations a person approved, rejected, resolved or otherwise moved."""
+    touched = set(operations.filter(approval_requests__isnull=False).values_list("operation_id", flat=True))
+    touched |= set(Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"),
+                                        actor__startswith="user:").values_list("entity_id", flat=True))
+    return touched
+
+
+def _resolutions(operations) -> tuple[list[tuple[datetime, bool, float]], int]:
+    """Each way out of `unknown`: (when, by the system?, seconds in doubt); and how many are
+    still in doubt."""
     events = (
         Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"))
         .filter(Q(to_status=S.UNKNOWN) | Q(from_status__in=[S.UNKNOWN, S.MANUAL]))
         .order_by("id").values_list("entity_id", "to_status", "actor", "created_at")
     )
     entered: dict[str, datetime] = {}
-    durations: list[float] = []
+    resolved: list[tuple[datetime, bool, float]] = []
     for op_id, to_status, actor, at in events:
         if to_status == S.UNKNOWN:
             entered.setdefault(op_id, at)
-            continue
-        if to_status in RESOLVED and op_id in entered:
-            durations.append((at - entered.pop(op_id)).total_seconds())
-            if actor.startswith("system:"):
-                result.auto_recovered += 1
-            else:
-                result.resolved_by_person += 1
-    result.went_unknown = result.auto_recovered + result.resolved_by_person + len(entered)
+        elif to_status in RESOLVED and op_id in entered:
+            resolved.append((at, actor.startswith("system:"), (at - entered.pop(op_id)).total_seconds()))
+    return resolved, len(entered)
+
+
+def _recovery(result: Indicators, operations) -> None:
+    resolved, still_open = _resolutions(operations)
+    durations = [seconds for _, _, seconds in resolved]
+    result.auto_recovered = sum(1 for _, auto, _ in resolved if auto)
+    result.resolved_by_person = len(resolved) - result.auto_recovered
+    result.went_unknown = len(resolved) + still_open
     result.automatic_recovery_rate = _ratio(result.auto_recovered, result.went_unknown)
     result.recovery_time_median_seconds = statistics.median(durations) if durations else None
     result.recovery_time_p95_seconds = _percentile(durations, 0.95)
@@ -198,24 +213,43 @@ def gate_results(indicators: Indicators, *, task_type: str = "") -> list[tuple[R
     return [(gate, indicators.value(gate.indicator), gate.passes(indicators.value(gate.indicator))) for gate in gates]
 
 
-def series(*, tenant_ids: set[int], since: datetime, buckets: int = 24) -> dict[str, list]:
-    """Per time bucket: operations created, confirmed, went unknown; for the dashboard charts."""
+def series(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: int | None = None,
+           buckets: int = 24) -> dict[str, list]:
+    """Per time bucket, for the dashboard charts: operations created, confirmed and gone
+    unknown; and three of the indicators over time (None where a bucket has no data): terminal
+    success rate (tasks finishing in the bucket), automatic recovery rate (ways out of
+    `unknown` in the bucket) and human intervention rate (operations created in the bucket)."""
     now = datetime.now(tz=since.tzinfo)
     width = max((now - since) / buckets, timedelta(seconds=1))
-    created = [0] * buckets
-    confirmed = [0] * buckets
-    unknown = [0] * buckets
+    tasks, operations = _scope(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier)
 
     def bucket(at: datetime) -> int:
         return min(buckets - 1, max(0, int((at - since) / width)))
 
-    for at in Operation.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).values_list(
-            "created_at", flat=True):
-        created[bucket(at)] += 1
-    rows = Event.objects.filter(tenant_id__in=tenant_ids, entity="operation", created_at__gte=since,
-                                to_status__in=[S.CONFIRMED, S.UNKNOWN]).values_list("to_status", "created_at")
-    for to_status, at in rows:
-        (confirmed if to_status == S.CONFIRMED else unknown)[bucket(at)] += 1
-    xs = [int((since + width * i).timestamp()) for i in range(buckets)]
-    return {"x": xs, "created": created, "confirmed": confirmed, "unknown": unknown}
+    def zeros() -> list[int]:
+        return [0] * buckets
 
+    created, confirmed, unknown, touched = zeros(), zeros(), zeros(), zeros()
+    people = _touched_by_people(operations)
+    for op_id, at in operations.values_list("operation_id", "created_at"):
+        created[bucket(at)] += 1
+        touched[bucket(at)] += op_id in people
+    rows = Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"),
+                                created_at__gte=since, to_status__in=[S.CONFIRMED, S.UNKNOWN])
+    for to_status, at in rows.values_list("to_status", "created_at"):
+        (confirmed if to_status == S.CONFIRMED else unknown)[bucket(at)] += 1
+    finished, succeeded = zeros(), zeros()
+    for status, at in tasks.filter(status__in=TASK_DONE).values_list("status", "updated_at"):
+        finished[bucket(at)] += 1
+        succeeded[bucket(at)] += status == TaskStatus.SUCCEEDED
+    recovered, by_system = zeros(), zeros()
+    for at, auto, _ in _resolutions(operations)[0]:
+        recovered[bucket(at)] += 1
+        by_system[bucket(at)] += auto
+    xs = [int((since + width * i).timestamp()) for i in range(buckets)]
+    return {
+        "x": xs, "created": created, "confirmed": confirmed, "unknown": unknown,
+        "success_rate": [_ratio(a, b) for a, b in zip(succeeded, finished, strict=True)],
+        "auto_recovery_rate": [_ratio(a, b) for a, b in zip(by_system, recovered, strict=True)],
+        "human_rate": [_ratio(a, b) for a, b in zip(touched, created, strict=True)],
+    }

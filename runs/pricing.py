@@ -75,10 +75,10 @@ class Usage:
     output_tokens: int | None = None
     cost: dict[str, Decimal] = field(default_factory=dict)
     unpriced_tokens: int = 0  # tokens of spans whose model has no price: the cost is a lower bound
-    start: datetime | None = None
-    end: datetime | None = None
+    start: float | None = None  # ms since 1970
+    end: float | None = None
 
-    def add(self, *, start: datetime, end: datetime, error: bool, input_tokens: int | None,
+    def add(self, *, start: float, end: float, error: bool, input_tokens: int | None,
             output_tokens: int | None, cost: tuple[str, Decimal] | None) -> None:
         self.spans += 1
         self.errors += int(error)
@@ -100,7 +100,7 @@ class Usage:
         of their durations would count the same time more than once."""
         if self.start is None or self.end is None:
             return None
-        return (self.end - self.start).total_seconds() * 1000
+        return self.end - self.start
 
     @property
     def cost_display(self) -> str:

@@ -3,22 +3,27 @@ approvals, live while the run is active."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from console.access import tenant_ids_for
 from console.live import latest_event_id
+from console.models import Tenant
 from ledger.models import Event, Operation
 from runs.models import TASK_TERMINAL, Task, TaskStatus
 from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows, trace_state
 
 PAGE_SIZE = 50
+SINCE = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 
 
 def _get_task_for_user(request: HttpRequest, task_id: str) -> Task:
@@ -32,14 +37,21 @@ def _get_task_for_user(request: HttpRequest, task_id: str) -> Task:
 
 @login_required
 def run_list(request: HttpRequest) -> HttpResponse:
-    tasks = Task.objects.filter(tenant_id__in=tenant_ids_for(request.user)).select_related("tenant")
+    tenant_ids = tenant_ids_for(request.user)
+    tasks = Task.objects.filter(tenant_id__in=tenant_ids).select_related("tenant")
     status = request.GET.get("status", "")
     task_type = request.GET.get("type", "")
+    tenant = request.GET.get("tenant", "")
+    window = request.GET.get("since", "")
     query = request.GET.get("q", "").strip()
     if status in TaskStatus.values:
         tasks = tasks.filter(status=status)
     if task_type:
         tasks = tasks.filter(task_type=task_type)
+    if tenant.isdigit():
+        tasks = tasks.filter(tenant_id=int(tenant))  # already limited to the user's tenants
+    if window in SINCE:
+        tasks = tasks.filter(updated_at__gte=timezone.now() - SINCE[window])
     if query:
         # A task ID, or the call or operation ID of one of its calls.
         tasks = tasks.filter(
@@ -49,11 +61,12 @@ def run_list(request: HttpRequest) -> HttpResponse:
         operation_count=Count("operations", distinct=True),
     ).order_by("-updated_at", "-task_id")
     page = Paginator(tasks, PAGE_SIZE).get_page(request.GET.get("page"))
-    types = (Task.objects.filter(tenant_id__in=tenant_ids_for(request.user))
+    types = (Task.objects.filter(tenant_id__in=tenant_ids)
              .values_list("task_type", flat=True).distinct().order_by("task_type"))
     context = {
         "page": page, "status": status, "task_type": task_type, "q": query, "types": list(types),
-        "statuses": TaskStatus.values, "active_nav": "runs",
+        "tenant": tenant, "tenants": list(Tenant.objects.filter(id__in=tenant_ids).order_by("name")),
+        "since": window, "windows": list(SINCE), "statuses": TaskStatus.values, "active_nav": "runs",
     }
     template = "runs/list.html#results" if request.htmx and not request.htmx.boosted else "runs/list.html"
     return render(request, template, context)
@@ -64,7 +77,7 @@ def run_detail_context(task: Task) -> dict:
     summary, costs = summarize(task, rows, PriceBook.for_tenants([task.tenant_id]))
     total, cursor = trace_state(task) if len(rows) >= MAX_SPANS else (len(rows), max((r.id for r in rows), default=0))
     operations = list(Operation.objects.filter(task=task).select_related("tool", "step").order_by("created_at"))
-    approvals = list(ApprovalRequest.objects.filter(task=task).order_by("created_at"))
+    approvals = list(ApprovalRequest.objects.filter(task=task).select_related("tool").order_by("created_at"))
     events = list(Event.objects.filter(entity="task", entity_id=task.task_id).order_by("id"))
     return {
         "task": task, "summary": summary, "spans": payload(rows, costs), "span_count": total,

@@ -14,11 +14,11 @@ the count it holds with `total` and asks for everything again when they differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import NamedTuple
 
-from django.db.models import Count, Max
+from django.db.models import Count, FloatField, Func, Max
 
 from runs.models import Span, Task
 from runs.pricing import PriceBook, Usage
@@ -26,13 +26,27 @@ from runs.pricing import PriceBook, Usage
 MAX_SPANS = 5000
 
 
+class EpochMs(Func):
+    """A timestamp as float milliseconds since 1970, computed by the database: decoding 2,000
+    timestamps into Python datetimes took about half of the page's read."""
+
+    output_field = FloatField()
+
+    def as_sql(self, compiler, connection, **extra):
+        return super().as_sql(compiler, connection,
+                              template="CAST(EXTRACT(EPOCH FROM %(expressions)s) * 1000 AS double precision)", **extra)
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return super().as_sql(compiler, connection,
+                              template="((julianday(%(expressions)s) - 2440587.5) * 86400000.0)", **extra)
+
+
 class Row(NamedTuple):
     id: int
     span_id: str
     parent_span_id: str
     name: str
-    start_time: datetime
-    end_time: datetime
+    start_ms: float
     duration_ms: float
     status_code: str
     gen_ai_model: str
@@ -41,6 +55,10 @@ class Row(NamedTuple):
     task_id: str | None
     input_tokens: int | None
     output_tokens: int | None
+
+    @property
+    def started_at(self) -> datetime:
+        return datetime.fromtimestamp(self.start_ms / 1000, tz=UTC)
 
 
 def trace_spans(task: Task):
@@ -62,7 +80,8 @@ def trace_rows(task: Task, *, after: int = 0) -> list[Row]:
         spans = spans.filter(id__gt=after).order_by("id")
     else:
         spans = spans.order_by("start_time", "id")
-    return [Row(*values) for values in spans.values_list(*Row._fields)[:MAX_SPANS]]
+    columns = [EpochMs("start_time") if name == "start_ms" else name for name in Row._fields]
+    return [Row(*values) for values in spans.values_list(*columns)[:MAX_SPANS]]
 
 
 @dataclass
@@ -78,11 +97,14 @@ def summarize(task: Task, rows: list[Row], book: PriceBook) -> tuple[TraceSummar
     total = Usage()
     costs = []
     for row in rows:
-        cost = book.cost(tenant_id=task.tenant_id, request_model=row.gen_ai_model,
-                         response_model=row.gen_ai_response_model, at=row.start_time,
-                         input_tokens=row.input_tokens, output_tokens=row.output_tokens)
+        cost = None
+        if row.input_tokens is not None or row.output_tokens is not None:
+            cost = book.cost(tenant_id=task.tenant_id, request_model=row.gen_ai_model,
+                             response_model=row.gen_ai_response_model, at=row.started_at,
+                             input_tokens=row.input_tokens, output_tokens=row.output_tokens)
         costs.append(cost)
-        usage = dict(start=row.start_time, end=row.end_time, error=row.status_code == Span.StatusCode.ERROR,
+        usage = dict(start=row.start_ms, end=row.start_ms + row.duration_ms,
+                     error=row.status_code == Span.StatusCode.ERROR,
                      input_tokens=row.input_tokens, output_tokens=row.output_tokens, cost=cost)
         total.add(**usage)
         if row.step_id and row.task_id == task.task_id:
@@ -98,7 +120,7 @@ def payload(rows: list[Row], costs: list[tuple[str, Decimal] | None]) -> list[li
     for row, cost in zip(rows, costs, strict=True):
         out.append([
             row.id, row.span_id, row.parent_span_id, row.name,
-            round(row.start_time.timestamp() * 1000, 3), round(row.duration_ms, 3),
+            round(row.start_ms, 3), round(row.duration_ms, 3),
             1 if row.status_code == Span.StatusCode.ERROR else 0,
             row.gen_ai_response_model or row.gen_ai_model, row.step_id,
             row.input_tokens, row.output_tokens,

@@ -42,6 +42,14 @@ def test_a_run_page_follows_the_run_live(asgi_server, page, screenshot, agent, t
 
     operation = make_operation(agent, task=task, status=S.CONFIRMED)
     expect(page.locator(f"#run-op-{operation.operation_id}")).to_contain_text("confirmed")
+
+    from approvals.services import approval_invalidate
+    from tests.factories import make_approval_request
+
+    approval = make_approval_request(make_operation(agent, task=task))
+    expect(page.locator(f"#run-approval-{approval.approval_id}")).to_contain_text("pending")
+    approval_invalidate(approval_id=approval.approval_id, actor="system", reason="the task moved on")
+    expect(page.locator(f"#run-approval-{approval.approval_id}")).to_contain_text("invalidated")
     screenshot(page, "run-detail")
 
 
@@ -50,9 +58,17 @@ def test_the_dashboard_draws_its_chart_and_gates(asgi_server, page, screenshot, 
     ensure_release_gates()
     make_operation(agent, status=S.CONFIRMED)
     make_operation(agent, status=S.UNKNOWN)
+    from runs.models import Task, TaskStatus
+
+    for status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.SUCCEEDED):  # one task, three trials
+        trial = task_create(principal=agent, task_type="refund", goal="Refund ord-9", inputs={"order_id": "ord-9"})
+        Task.objects.filter(pk=trial.pk).update(status=status)
     log_in(page, asgi_server.url, "watcher")
-    expect(page.locator("#ops-chart")).to_have_attribute("data-rendered", "true")
-    expect(page.locator("#ops-chart canvas")).to_have_count(1)
+    for chart in ("#ops-chart", "#rates-chart", "#trials-chart"):
+        expect(page.locator(chart)).to_have_attribute("data-rendered", "true")
+        expect(page.locator(f"{chart} canvas")).to_have_count(1)
+    expect(page.locator("#rates-chart")).to_contain_text("terminal success")
+    expect(page.locator("#trials-chart")).to_contain_text("pass^k")
     expect(page.get_by_text("Zero duplicate side effects")).to_be_visible()
     screenshot(page, "dashboard")
 

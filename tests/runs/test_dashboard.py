@@ -31,6 +31,7 @@ def test_the_dashboard_shows_cost_per_success_and_the_gates(client, agent, tenan
     body = client.get("/dashboard/", {"window": "1h"}).content.decode()
     assert '<span id="cost-per-success">EUR 0.0450</span>' in body  # 0.03 + 0.015
     assert "Zero duplicate side effects" in body
+    assert 'id="ops-chart-data"' in body and 'id="rates-chart"' in body
     body = client.get("/dashboard/", {"type": "no-such-type"}).content.decode()
     assert '<span id="cost-per-success">—</span>' in body
 

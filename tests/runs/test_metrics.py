@@ -126,3 +126,24 @@ def test_cost_per_success_counts_the_tokens_of_failed_tasks_too(agent, outsider_
     # Two tasks' calls (0.2 + 0.1 each) over one success; the other tenant's task is not counted.
     assert result.cost_per_success == {"USD": Decimal("0.6")}
     assert result.cost_per_success_display == "USD 0.6000"
+
+
+def test_the_series_has_three_indicators_per_bucket_and_follows_the_filters(agent):
+    done = make_task(agent)
+    Task.objects.filter(pk=done.pk).update(status=TaskStatus.SUCCEEDED)
+    failed = make_task(agent, task_type="contract_email")
+    Task.objects.filter(pk=failed.pk).update(status=TaskStatus.FAILED)
+    auto = make_operation(agent, status=S.UNKNOWN)
+    ledger_services.operation_confirm(operation_id=auto.operation_id, receipt={"remote_id": "r1"},
+                                      actor="system:reconciler", reason="found")
+    person = make_operation(agent, status=S.MANUAL)
+    ledger_services.operation_fail(operation_id=person.operation_id, actor="user:support", reason="no effect",
+                                   evidence={"query": "absent"})
+    data = metrics.series(tenant_ids={agent.tenant_id}, since=since(), buckets=4)
+    last = -1  # everything happened just now
+    assert data["success_rate"][last] == 0.5 and data["success_rate"][0] is None
+    assert data["auto_recovery_rate"][last] == 0.5
+    assert data["human_rate"][last] == 0.5 and sum(data["created"]) == 2 and sum(data["confirmed"]) == 1
+    refunds = metrics.series(tenant_ids={agent.tenant_id}, since=since(), task_type="refund", buckets=4)
+    assert refunds["success_rate"][last] == 1.0
+    assert metrics.series(tenant_ids={agent.tenant_id}, since=since(), tier=4, buckets=4)["created"] == [0] * 4

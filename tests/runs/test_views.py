@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from console.models import Role
-from runs.models import ModelPrice, Span
+from runs.models import ModelPrice, Span, Task
 from runs.services import task_cancel, task_create
 from tests.conftest import make_user
 
@@ -52,6 +52,21 @@ def test_the_list_filters_by_status_and_finds_a_task_by_id(client, viewer, agent
     assert client.get("/runs/", {"status": "succeeded"}).content.decode().count("/runs/tsk_") == 0
 
 
+def test_the_list_filters_by_tenant_and_by_recent_activity(client, viewer, agent, outsider_agent, other_tenant):
+    from console.models import Membership
+
+    Membership.objects.create(user=viewer, tenant=other_tenant, role=Role.REVIEWER, max_tier=3)
+    mine = task_create(principal=agent, task_type="refund", goal="one")
+    theirs = task_create(principal=outsider_agent, task_type="refund", goal="two")
+    old = task_create(principal=agent, task_type="refund", goal="three")
+    Task.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(days=3))
+    body = client.get("/runs/", {"tenant": other_tenant.id}).content.decode()
+    assert theirs.task_id in body and mine.task_id not in body and 'id="id_tenant"' in body
+    body = client.get("/runs/", {"since": "24h"}).content.decode()
+    assert mine.task_id in body and theirs.task_id in body and old.task_id not in body
+    assert old.task_id in client.get("/runs/", {"since": "7d"}).content.decode()
+
+
 def test_an_htmx_request_gets_only_the_results_fragment(client, viewer, agent):
     task_create(principal=agent, task_type="refund", goal="one")
     body = client.get("/runs/", HTTP_HX_REQUEST="true").content.decode()
@@ -85,6 +100,18 @@ def test_the_detail_page_shows_contract_steps_cost_and_the_spans(client, viewer,
     total = body.split("<tfoot>")[1].split("</tfoot>")[0]
     assert "USD 0.0003" in total and ">50<" in total and ">10<" in total  # 50 × 3/1M + 10 × 15/1M
     assert f'ws-connect="/ws/live/run/{task.task_id}/"' in body
+
+
+def test_the_detail_page_lists_the_runs_operations_and_approvals_with_their_states(client, viewer, agent):
+    from tests.factories import make_approval_request, make_operation
+
+    task = task_create(principal=agent, task_type="refund", goal="g")
+    operation = make_operation(agent, task=task)
+    approval = make_approval_request(operation)
+    body = client.get(f"/runs/{task.task_id}/").content.decode()
+    row = body.split(f'id="run-approval-{approval.approval_id}"')[1].split("</tr>")[0]
+    assert "pending" in row and "payments.refund" in row and f"/approvals/{approval.approval_id}/" in row
+    assert f'id="run-op-{operation.operation_id}"' in body
 
 
 def test_tokens_of_a_model_without_a_price_are_shown_as_unpriced(client, viewer, agent):
