@@ -7,11 +7,15 @@ import re
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.db import database_sync_to_async
 
 from ledger.models import Event
 from runs.services import lease_acquire, task_create, task_transition
-from tests.console.test_live import WebsocketCommunicator, application, receive_until, session_headers
+from tests.console.test_live import (
+    WebsocketCommunicator,
+    application,
+    receive_until,
+    session_headers,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
