@@ -30,13 +30,17 @@ def test_pass_at_k_and_pass_hat_k_follow_the_unbiased_estimators():
     assert metrics.pass_hat_k(20, 19, 10) < 0.6 < metrics.pass_at_k(20, 19, 10)
 
 
-def test_recovery_is_automatic_when_the_system_resolves_and_personal_when_a_user_does(agent):
+def recover_one_by_the_system_and_one_by_a_person(agent) -> None:
     auto = make_operation(agent, status=S.UNKNOWN)
     ledger_services.operation_confirm(operation_id=auto.operation_id, receipt={"remote_id": "r1"},
                                       actor="system:reconciler", reason="found")
     person = make_operation(agent, status=S.MANUAL)
     ledger_services.operation_fail(operation_id=person.operation_id, actor="user:support", reason="no effect",
                                    evidence={"query": "absent"})
+
+
+def test_recovery_is_automatic_when_the_system_resolves_and_personal_when_a_user_does(agent):
+    recover_one_by_the_system_and_one_by_a_person(agent)
     make_operation(agent, status=S.UNKNOWN)  # still open
     result = metrics.compute(tenant_ids={agent.tenant_id}, since=since())
     assert (result.auto_recovered, result.resolved_by_person, result.went_unknown) == (1, 1, 3)
@@ -133,12 +137,7 @@ def test_the_series_has_three_indicators_per_bucket_and_follows_the_filters(agen
     Task.objects.filter(pk=done.pk).update(status=TaskStatus.SUCCEEDED)
     failed = make_task(agent, task_type="contract_email")
     Task.objects.filter(pk=failed.pk).update(status=TaskStatus.FAILED)
-    auto = make_operation(agent, status=S.UNKNOWN)
-    ledger_services.operation_confirm(operation_id=auto.operation_id, receipt={"remote_id": "r1"},
-                                      actor="system:reconciler", reason="found")
-    person = make_operation(agent, status=S.MANUAL)
-    ledger_services.operation_fail(operation_id=person.operation_id, actor="user:support", reason="no effect",
-                                   evidence={"query": "absent"})
+    recover_one_by_the_system_and_one_by_a_person(agent)
     data = metrics.series(tenant_ids={agent.tenant_id}, since=since(), buckets=4)
     last = -1  # everything happened just now
     assert data["success_rate"][last] == 0.5 and data["success_rate"][0] is None
