@@ -36,11 +36,16 @@ class InboxFilterForm(forms.Form):
     age = forms.ChoiceField(
         required=False, label="Age", choices=[("", "Any age"), *[(k, AGE_LABELS[k]) for k in AGE_WINDOWS]],
     )
+    tenant = forms.ChoiceField(required=False, label="Tenant")
+    requested_by = forms.TypedChoiceField(required=False, label="Requested by", coerce=int, empty_value=None)
 
-    def __init__(self, *args, tools: list[str], task_types: list[str], **kwargs) -> None:
+    def __init__(self, *args, tools: list[str], task_types: list[str],
+                 tenants: list[tuple[str, str]] = (), agents: list[tuple[int, str]] = (), **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["tool"].choices = [("", "Any tool"), *[(t, t) for t in tools]]
         self.fields["task_type"].choices = [("", "Any task type"), *[(t, t) for t in task_types]]
+        self.fields["tenant"].choices = [("", "Any tenant"), *tenants]
+        self.fields["requested_by"].choices = [("", "Any agent"), *agents]
 
     def filters(self) -> InboxFilters:
         """The valid filters; a value that does not validate (a stale link) is ignored."""
@@ -54,6 +59,8 @@ class InboxFilterForm(forms.Form):
             tier=data.get("tier"),
             task_type=data.get("task_type") or "",
             age=data.get("age") or "",
+            tenant=data.get("tenant") or "",
+            requested_by=data.get("requested_by"),
         )
 
 

@@ -33,9 +33,11 @@ INBOX_ROWS_ID = "inbox-rows"
 
 def encode_inbox_arg(filters: InboxFilters, page: int = 1) -> str:
     params = {k: v for k, v in (("q", filters.q), ("tool", filters.tool), ("task_type", filters.task_type),
-                                ("age", filters.age)) if v}
+                                ("age", filters.age), ("tenant", filters.tenant)) if v}
     if filters.tier is not None:
         params["tier"] = str(filters.tier)
+    if filters.requested_by is not None:
+        params["requested_by"] = str(filters.requested_by)
     if page != 1:
         params["page"] = str(page)
     if not params:
@@ -53,11 +55,13 @@ def decode_inbox_arg(arg: str) -> tuple[InboxFilters, int]:
     params = {k: v[0] for k, v in parse_qs(raw).items()}
     try:
         tier = int(params["tier"]) if "tier" in params else None
+        requested_by = int(params["requested_by"]) if "requested_by" in params else None
         page = max(1, int(params.get("page", "1")))
     except ValueError:
-        tier, page = None, 1
+        tier, requested_by, page = None, None, 1
     return InboxFilters(q=params.get("q", ""), tool=params.get("tool", ""), tier=tier,
-                        task_type=params.get("task_type", ""), age=params.get("age", "")), page
+                        task_type=params.get("task_type", ""), age=params.get("age", ""),
+                        tenant=params.get("tenant", ""), requested_by=requested_by), page
 
 
 def _approval_ids(events: Sequence) -> list[str]:
@@ -98,11 +102,19 @@ def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
     ]
     if inserted:
         parts.append(render_to_string("approvals/_inbox_rows_oob.html", {"rows": list(reversed(inserted))}))
-    counts = _tier_counts_for_batch(scope, events)
-    parts.append(render_to_string("approvals/_tier_counts.html", {
-        "counts": counts, "total": sum(counts.values()), "oob": True, "max_tier": scope.highest_tier(),
-    }))
     return "".join(parts)
+
+
+def render_inbox_counts(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
+    """The per-tier counts, sent after the rows (a GROUP BY over every pending request takes
+    longer than the rows: bench/inbox.py)."""
+    if not _approval_ids(events):
+        return ""
+    scope = selectors.reviewer_scope(user)
+    counts = _tier_counts_for_batch(scope, events)
+    return render_to_string("approvals/_tier_counts.html", {
+        "counts": counts, "total": sum(counts.values()), "oob": True, "max_tier": scope.highest_tier(),
+    })
 
 
 def _tier_counts_for_batch(scope, events: Sequence) -> dict[int, int]:
@@ -142,7 +154,35 @@ def render_approval(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
     return render_to_string("approvals/_review_oob.html", context)
 
 
+def reviewer_viewer(user: AbstractBaseUser) -> live.Viewer:
+    """Reviewers with the same tenants and maximum tiers see the same rows and controls."""
+    scope = selectors.reviewer_scope(user)
+    return live.Viewer(tenant_ids=frozenset(scope.tenant_ids), key=("scope", tuple(sorted(scope.max_tier.items()))))
+
+
+def decisions_in_batch(events: Sequence) -> dict[str, frozenset]:
+    """Who has decided each request of the batch: the one per-user thing the fragments show
+    ("you approved; needs another reviewer"), read once for every socket."""
+    from approvals.models import ApprovalDecision
+
+    ids = _approval_ids(events)
+    operation_ids = [e.entity_id for e in events if e.entity == "operation"]
+    out: dict[str, set] = {}
+    rows = ApprovalDecision.objects.filter(request_id__in=ids) if not operation_ids else (
+        ApprovalDecision.objects.filter(request_id__in=ids) | ApprovalDecision.objects.filter(
+            request__operation_id__in=operation_ids))
+    for request_id, reviewer_id in rows.values_list("request_id", "reviewer_id"):
+        out.setdefault(request_id, set()).add(reviewer_id)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def decided_by(user: AbstractBaseUser, facts: dict[str, frozenset]) -> frozenset:
+    return frozenset(k for k, reviewers in facts.items() if user.pk in reviewers)
+
+
 live.register(live.Stream(name="inbox", entities=(ApprovalRequest.EVENT_ENTITY,), render=render_inbox,
-                          roles=selectors.VIEWER_ROLES))
+                          then=render_inbox_counts, roles=selectors.VIEWER_ROLES, viewer=reviewer_viewer,
+                          batch_facts=decisions_in_batch, personal=decided_by))
 live.register(live.Stream(name="approval", entities=(ApprovalRequest.EVENT_ENTITY, "operation"),
-                          render=render_approval, roles=selectors.VIEWER_ROLES))
+                          render=render_approval, roles=selectors.VIEWER_ROLES, viewer=reviewer_viewer,
+                          batch_facts=decisions_in_batch, personal=decided_by))

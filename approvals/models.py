@@ -140,6 +140,11 @@ class ApprovalRequest(models.Model):
     tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="approval_requests")
     task = models.ForeignKey("runs.Task", on_delete=models.PROTECT, related_name="approval_requests")
     operation = models.ForeignKey("ledger.Operation", on_delete=models.PROTECT, related_name="approval_requests")
+    # Copies of the operation's tool and the task's type (both fixed for the request's life), so
+    # that the inbox's filters read this table and its indexes alone, without joining
+    # 100,000 operations (bench/inbox.py). Set by approval_request_create.
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="+")
+    task_type = models.CharField(max_length=100)
     call_id = models.CharField(max_length=128)
     arguments_hash = models.CharField(max_length=64)
     tool_schema_version = models.PositiveIntegerField()
@@ -158,6 +163,14 @@ class ApprovalRequest(models.Model):
         indexes = [
             models.Index(fields=["tenant", "status", "expires_at"], name="approval_inbox_idx"),
             models.Index(fields=["status", "expires_at"], name="approval_sweep_idx"),
+            # One per inbox filter, over pending requests only (decided ones pile up forever;
+            # the inbox never reads them): the filtered page and its COUNT are index scans.
+            *[
+                models.Index(fields=["tenant", column, "expires_at"], condition=models.Q(status="pending"),
+                             name=f"approval_inbox_{short}_idx")
+                for column, short in (("tool", "tool"), ("risk_tier", "tier"), ("task_type", "type"),
+                                      ("requested_by", "agent"))
+            ],
         ]
 
     def __str__(self) -> str:

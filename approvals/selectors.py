@@ -35,7 +35,7 @@ A = ApprovalStatus
 # Who may look at approval requests (and open the live streams about them).
 VIEWER_ROLES = (Role.REVIEWER, Role.ADMIN)
 
-TASK_TYPES_TTL_SECONDS = 60
+CHOICES_TTL_SECONDS = 60
 
 AGE_WINDOWS: dict[str, tuple[timedelta | None, timedelta | None]] = {
     # key: (newer than, older than)
@@ -53,9 +53,12 @@ class InboxFilters:
     tier: int | None = None
     task_type: str = ""
     age: str = ""
+    tenant: str = ""  # the tenant's slug
+    requested_by: int | None = None  # an agent principal's id
 
     def is_empty(self) -> bool:
-        return not (self.q or self.tool or self.tier is not None or self.task_type or self.age)
+        return not (self.q or self.tool or self.tier is not None or self.task_type or self.age
+                    or self.tenant or self.requested_by is not None)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class ReviewerScope:
 
     tenant_ids: set[int] = field(default_factory=set)
     max_tier: dict[int, int | None] = field(default_factory=dict)
+    tenants: dict[int, tuple[str, str]] = field(default_factory=dict)  # id → (slug, name)
 
     def can_decide_tier(self, tenant_id: int, tier: int) -> bool:
         limit = self.max_tier.get(tenant_id)
@@ -80,9 +84,11 @@ def reviewer_scope(user: AbstractBaseUser) -> ReviewerScope:
     scope = ReviewerScope()
     if not user.is_authenticated or not user.is_active:
         return scope
-    rows = Membership.objects.filter(user=user, role__in=VIEWER_ROLES).values_list("tenant_id", "role", "max_tier")
-    for tenant_id, role, max_tier in rows:
+    rows = Membership.objects.filter(user=user, role__in=VIEWER_ROLES).values_list(
+        "tenant_id", "role", "max_tier", "tenant__slug", "tenant__name")
+    for tenant_id, role, max_tier, slug, name in rows:
         scope.tenant_ids.add(tenant_id)
+        scope.tenants[tenant_id] = (slug, name)
         current = scope.max_tier.get(tenant_id)
         if role == Role.REVIEWER and max_tier is not None:
             scope.max_tier[tenant_id] = max_tier if current is None else max(current, max_tier)
@@ -99,7 +105,7 @@ def _annotated(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySe
         .annotate(n=Count("id"))
         .values("n")[:1]
     )
-    return qs.select_related("operation__tool", "task", "tenant").annotate(
+    return qs.select_related("operation__tool", "tool", "task", "tenant").annotate(
         approvals_given=Coalesce(Subquery(approvals_given, output_field=IntegerField()), Value(0)),
         decided_by_me=Exists(ApprovalDecision.objects.filter(request=OuterRef("pk"), reviewer_id=user.pk)),
     )
@@ -120,14 +126,18 @@ def apply_filters(qs: QuerySet[ApprovalRequest], filters: InboxFilters, *, now=N
             Q(call_id__icontains=q) | Q(operation__operation_id__icontains=q) | Q(task__task_id__icontains=q)
             | Q(approval_id__icontains=q)
         )
+    # Every filter reads a column of the request itself (tool and task type are copied onto it
+    # at creation), so each one is an index on pending requests, never a join.
     if filters.tool:
-        # The tool's id first (a small table): the filter then needs no join to the tools.
-        tool_id = Tool.objects.filter(name=filters.tool).values_list("pk", flat=True).first()
-        qs = qs.filter(operation__tool_id=tool_id) if tool_id is not None else qs.none()
+        qs = qs.filter(tool__name=filters.tool)
     if filters.tier is not None:
         qs = qs.filter(risk_tier=filters.tier)
     if filters.task_type:
-        qs = qs.filter(task__task_type=filters.task_type)
+        qs = qs.filter(task_type=filters.task_type)
+    if filters.tenant:
+        qs = qs.filter(tenant__slug=filters.tenant)
+    if filters.requested_by is not None:
+        qs = qs.filter(requested_by_id=filters.requested_by)
     if filters.age in AGE_WINDOWS:
         newer_than, older_than = AGE_WINDOWS[filters.age]
         if newer_than is not None:
@@ -177,18 +187,27 @@ def tier_counts(scope: ReviewerScope) -> dict[int, int]:
     return counts
 
 
-def filter_choices(scope: ReviewerScope) -> dict[str, list[str]]:
-    """Every tool, and the task types that appear among pending requests (two small queries)."""
+def filter_choices(scope: ReviewerScope) -> dict[str, list]:
+    """Every tool, the user's tenants (from the scope), their agents, and the task types that
+    appear among pending requests."""
+    from console.models import AgentPrincipal
+
     tools = list(Tool.objects.order_by("name").values_list("name", flat=True))
-    # A DISTINCT over every pending request joined to its task costs tens of milliseconds at
-    # 10,000 pending requests (bench/inbox.py); the list of choices may lag by a minute.
-    key = "approvals:task_types:" + ",".join(str(t) for t in sorted(scope.tenant_ids))
-    task_types = cache.get(key)
-    if task_types is None:
+    tenants = sorted(scope.tenants.values())
+    # A DISTINCT over every pending request costs milliseconds at 10,000 pending requests
+    # (bench/inbox.py); these lists may lag by a minute.
+    key = "approvals:choices:" + ",".join(str(t) for t in sorted(scope.tenant_ids))
+    cached = cache.get(key)
+    if cached is None:
         pending = pending_in_scope(scope).order_by()
-        task_types = sorted(set(pending.values_list("task__task_type", flat=True).distinct()))
-        cache.set(key, task_types, TASK_TYPES_TTL_SECONDS)
-    return {"tools": tools, "task_types": task_types}
+        cached = {
+            "task_types": sorted(set(pending.values_list("task_type", flat=True).distinct())),
+            "agents": list(AgentPrincipal.objects.filter(tenant_id__in=scope.tenant_ids)
+                           .order_by("tenant__slug", "name").values_list("pk", "name", "tenant__slug")),
+        }
+        cache.set(key, cached, CHOICES_TTL_SECONDS)
+    agents = [(pk, f"{name} ({slug})" if len(tenants) > 1 else name) for pk, name, slug in cached["agents"]]
+    return {"tools": tools, "task_types": cached["task_types"], "tenants": tenants, "agents": agents}
 
 
 def approval_for_user(user: AbstractBaseUser, scope: ReviewerScope, approval_id: str) -> ApprovalRequest | None:
@@ -264,7 +283,7 @@ def decisions_for_export(scope: ReviewerScope, filters: InboxFilters) -> QuerySe
     requests = apply_filters(ApprovalRequest.objects.filter(tenant_id__in=scope.tenant_ids), filters)
     return (
         ApprovalDecision.objects.filter(request__in=requests.values("pk"))
-        .select_related("reviewer", "request__operation__tool", "request__task", "request__tenant")
+        .select_related("reviewer", "request__tool", "request__tenant")
         .order_by("created_at", "id")
     )
 
@@ -283,8 +302,8 @@ def export_row(decision: ApprovalDecision) -> dict[str, Any]:
         "call_id": request.call_id,
         "operation_id": request.operation_id,
         "task_id": request.task_id,
-        "task_type": request.task.task_type,
-        "tool": request.operation.tool.name,
+        "task_type": request.task_type,
+        "tool": request.tool.name,
         "risk_tier": request.risk_tier,
         "tenant": request.tenant.slug,
     }

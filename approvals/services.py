@@ -49,6 +49,8 @@ def approval_request_create(
             tenant_id=operation.tenant_id,
             task_id=operation.task_id,
             operation=operation,
+            tool_id=operation.tool_id,
+            task_type=operation.task.task_type,
             call_id=call_id,
             arguments_hash=operation.arguments_hash,
             tool_schema_version=operation.tool_schema_version,
@@ -270,6 +272,10 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
         new_call, new_step = edit_identifiers(task_id=task.task_id, call_id=old.call_id,
                                               step_id=operation.step.step_id)
         lease = Lease.objects.filter(task_id=task.task_id).first()
+        # The old call's reserved budget is given back first, so the gate counts the edited call
+        # instead of both (a refund edited down must not exhaust the amount budget). In this
+        # transaction: a refused edit restores it.
+        ledger_services.operation_release_budget(operation_id=old.operation_id)
         proposal = call_propose(
             principal=operation.principal, task_id=task.task_id, call_id=new_call, step_id=new_step,
             tool_name=tool.name, arguments=arguments, expected_version=task.version,

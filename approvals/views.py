@@ -67,7 +67,7 @@ def decorate_rows(rows, scope: ReviewerScope) -> list[ApprovalRequest]:
 def inbox(request: HttpRequest) -> HttpResponse:
     scope = selectors.reviewer_scope(request.user)
     choices = selectors.filter_choices(scope)
-    form = InboxFilterForm(request.GET or None, tools=choices["tools"], task_types=choices["task_types"])
+    form = InboxFilterForm(request.GET or None, **choices)
     filters = form.filters()
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
@@ -170,8 +170,21 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
         "notifications": selectors.notifications_for(approval.approval_id),
         "edited_from": selectors.edited_from(approval.approval_id),
         "can_edit": context["can_decide"] and bool((tool.json_schema or {}).get("properties")),
+        **_trace_so_far(task),
     })
     return context
+
+
+def _trace_so_far(task) -> dict[str, Any]:
+    """The task's spans up to now, drawn read-only by the run page's waterfall (runs/waterfall.py
+    reads them; static/runs/waterfall.js draws them)."""
+    from runs.pricing import PriceBook
+    from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
+
+    rows = trace_rows(task)
+    summary, costs = summarize(task, rows, PriceBook.for_tenants([task.tenant_id]))
+    return {"trace_spans": payload(rows, costs), "trace_summary": summary, "trace_span_count": len(rows),
+            "trace_limit": MAX_SPANS}
 
 
 @login_required
@@ -323,7 +336,7 @@ def edit(request: HttpRequest, approval_id: str) -> HttpResponse:
 def _export_decisions(request: HttpRequest):
     scope = selectors.reviewer_scope(request.user)
     choices = selectors.filter_choices(scope)
-    form = InboxFilterForm(request.GET or None, tools=choices["tools"], task_types=choices["task_types"])
+    form = InboxFilterForm(request.GET or None, **choices)
     return selectors.decisions_for_export(scope, form.filters())
 
 

@@ -1,31 +1,257 @@
-"""The live-update websocket: the tail of the event table, per stream, with catch-up."""
+"""The live-update websocket: the tail of the event table, per stream, with catch-up.
+
+Every socket of one server process (one event loop) shares one `Tail`:
+
+- one reader of the event table, woken by the channel-layer doorbell after each commit that
+  wrote events (console/live.py) or every LIVE_POLL_SECONDS when no bell rings; it keeps the
+  newest events in memory and wakes the sockets;
+- each socket picks its own events out of that window (its tenants, its stream's entities, after
+  its own cursor) without a query;
+- sockets that would send the same HTML — same stream, arg, viewer key (console.live.Viewer) and
+  events — share one render: the first one renders in a worker thread, the others await it.
+
+So a commit costs one read, plus one render per distinct view, instead of a read and a render
+per socket (bench/inbox.py: 50 open inboxes). A socket whose cursor is older than the window
+(a page that reconnects after a while) catches up with reads of its own, as before.
+
+Database work runs on a few threads of the tail's own that keep their connections between calls
+(the default CONN_MAX_AGE=0 would open a new PostgreSQL connection for every read) and close them
+when the last socket of the loop leaves.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
+import queue
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
-from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.db import connections
 
 from console import live
 
 logger = logging.getLogger(__name__)
-
-
-def in_thread(func):
-    # Not thread-sensitive: each socket's reads run in the pool, side by side, instead of
-    # queueing behind every other socket's on one shared thread.
-    return DatabaseSyncToAsync(func, thread_sensitive=False)
-
+# Per-stage timestamps of every delivery (ring, read, render, send), for bench/inbox.py.
+timing = logging.getLogger("console.live.timing")
 
 # On PostgreSQL ids come from a sequence at insert time, but transactions commit in another
-# order: an event with a lower id can become visible after a higher one was sent. Each poll
+# order: an event with a lower id can become visible after a higher one was sent. Each read
 # therefore looks back this many ids and sends what it has not sent yet; fragments are
 # idempotent (out-of-band swaps by element id), so a repeat after a reconnect is harmless.
 LOOKBACK_IDS = 200
+# Ids the tail keeps in memory behind the newest one; a cursor older than that catches up alone.
+WINDOW_IDS = 2000
+READ_LIMIT = 500
+# How long a socket's viewer (its tenants and tiers) is trusted before it is read again: a
+# reviewer whose membership is removed stops receiving events within this time.
+VIEWER_TTL_SECONDS = 5.0
+SHARED_RESULTS = 256
+DB_THREADS = 4
+
+
+class _DbThreads:
+    """A few threads for the tail's database work. Unlike Django's sync_to_async, a thread keeps
+    its connection between calls (closed if it broke) and closes it when the pool stops."""
+
+    def __init__(self, n: int) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"live-db-{i}", daemon=True) for i in range(n)]
+        for thread in self.threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                connections.close_all()
+                return
+            func, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(func())
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                future.set_exception(exc)
+            finally:
+                for conn in connections.all(initialized_only=True):
+                    if conn.errors_occurred and not conn.is_usable():
+                        conn.close()
+
+    async def run(self, func: Callable[[], Any]) -> Any:
+        future: Future = Future()
+        self.jobs.put((func, future))
+        return await asyncio.wrap_future(future)
+
+    def stop(self) -> None:
+        for _ in self.threads:
+            self.jobs.put(None)
+
+
+class Tail:
+    """The event table's tail for every socket of one event loop."""
+
+    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def for_loop(cls) -> Tail:
+        loop = asyncio.get_running_loop()
+        tail = cls._by_loop.get(loop)
+        if tail is None:
+            tail = cls._by_loop[loop] = cls()
+        return tail
+
+    def __init__(self) -> None:
+        self.members: set[LiveConsumer] = set()
+        self.ids: list[int] = []  # ascending
+        self.events: dict[int, Any] = {}  # id → Event
+        self.max_id = 0
+        # Every committed event with an id above `floor` is in `events` (as of the last read).
+        self.floor: int | None = None
+        self.read_at = 0.0  # time.time() when the last read started
+        self.ring_at = 0.0  # time.time() when the last doorbell arrived
+        self.wakeup = asyncio.Event()
+        self.shared: OrderedDict[Any, asyncio.Future] = OrderedDict()
+        self.db: _DbThreads | None = None
+        self.task: asyncio.Task | None = None
+        self.channel: str | None = None
+
+    # ---------------------------------------------------------------- membership
+
+    async def join(self, member: LiveConsumer) -> None:
+        self.members.add(member)
+        if self.task is None:
+            self.db = _DbThreads(DB_THREADS)
+            self.task = asyncio.create_task(self._run())
+
+    async def leave(self, member: LiveConsumer) -> None:
+        self.members.discard(member)
+        if self.members or self.task is None:
+            return
+        task, self.task = self.task, None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self.db.stop()
+        self.db = None
+        self.ids, self.events = [], {}
+        self.floor, self.max_id = None, 0
+        self.shared.clear()
+
+    # -------------------------------------------------------------------- reading
+
+    async def _run(self) -> None:
+        layer_task = None
+        layer = None
+        try:
+            from channels.layers import get_channel_layer
+
+            layer = get_channel_layer()
+            if layer is not None:
+                self.channel = await layer.new_channel()
+                await layer.group_add(live.DOORBELL_GROUP, self.channel)
+                layer_task = asyncio.create_task(self._listen(layer))
+            while True:
+                self.wakeup.clear()
+                try:
+                    found = await self._read()
+                except Exception:  # noqa: BLE001 - a failed read is retried at the next poll
+                    logger.warning("live tail read failed", exc_info=True)
+                    found = False
+                if found:  # an idle poll wakes nobody
+                    for member in list(self.members):
+                        member.wakeup.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=settings.LIVE_POLL_SECONDS)
+        finally:
+            if layer_task is not None:
+                layer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await layer_task
+            if layer is not None and self.channel is not None:
+                with contextlib.suppress(Exception):
+                    await layer.group_discard(live.DOORBELL_GROUP, self.channel)
+
+    async def _listen(self, layer) -> None:
+        """The doorbell: one message per commit for the whole process, not one per socket."""
+        while True:
+            try:
+                await layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the poll still delivers; try again shortly
+                logger.warning("live doorbell receive failed", exc_info=True)
+                await asyncio.sleep(1)
+                continue
+            self.ring_at = time.time()
+            self.wakeup.set()
+
+    async def _read(self) -> bool:
+        self.read_at = time.time()
+        new = await self.db.run(self._read_sync)
+        for event in new:
+            if event.id not in self.events:
+                self.events[event.id] = event
+                bisect.insort(self.ids, event.id)
+        if new:
+            self.max_id = max(self.max_id, self.ids[-1])
+        floor = self.max_id - WINDOW_IDS
+        cut = bisect.bisect_right(self.ids, floor)
+        for event_id in self.ids[:cut]:
+            del self.events[event_id]
+        del self.ids[:cut]
+        self.floor = max(floor, self.floor if self.floor is not None else floor)
+        return bool(new)
+
+    def _read_sync(self) -> list:
+        from ledger.models import Event
+
+        if self.floor is None:
+            # First read: start just behind the newest event (sockets with older cursors catch
+            # up on their own).
+            self.max_id = live.latest_event_id()
+            self.floor = max(0, self.max_id - LOOKBACK_IDS)
+        after = max(self.floor, self.max_id - LOOKBACK_IDS)
+        out = []
+        while True:
+            batch = list(Event.objects.filter(id__gt=after).order_by("id")[:READ_LIMIT])
+            out.extend(e for e in batch if e.id not in self.events)
+            if len(batch) < READ_LIMIT:
+                return out
+            after = batch[-1].id
+
+    def window_after(self, after_id: int) -> list | None:
+        """Events above `after_id` from memory, or None if the window does not reach that far."""
+        if self.floor is None or after_id < self.floor:
+            return None
+        return [self.events[i] for i in self.ids[bisect.bisect_right(self.ids, after_id):]]
+
+    # -------------------------------------------------------------- shared work
+
+    async def once(self, key, func: Callable[[], Any]) -> Any:
+        """`func()` in a database thread, once for every caller with the same key."""
+        future = self.shared.get(key)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self.shared[key] = future
+            while len(self.shared) > SHARED_RESULTS:
+                self.shared.popitem(last=False)
+            try:
+                future.set_result(await self.db.run(func))
+            except BaseException as exc:
+                self.shared.pop(key, None)
+                future.set_exception(exc)
+                future.exception()  # retrieved: other awaiters re-raise it
+        return await asyncio.shield(future)
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -44,67 +270,111 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.last_event_id: int | None = None
         self.sent_ids: set[int] = set()
         self.wakeup = asyncio.Event()
+        self.hello = asyncio.Event()
+        self.viewer: live.Viewer | None = None
+        self.viewer_at = 0.0
+        self.tail = Tail.for_loop()
         await self.accept()
-        if self.channel_layer is not None:
-            await self.channel_layer.group_add(live.DOORBELL_GROUP, self.channel_name)
+        await self.tail.join(self)
         self.poller = asyncio.create_task(self._poll())
 
     async def disconnect(self, code: int) -> None:
-        if self.channel_layer is not None and hasattr(self, "wakeup"):
-            await self.channel_layer.group_discard(live.DOORBELL_GROUP, self.channel_name)
         poller = getattr(self, "poller", None)
         if poller is not None:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
+        if hasattr(self, "tail"):
+            await self.tail.leave(self)
 
     async def receive_json(self, content, **kwargs) -> None:
         raw = content.get("last_event_id") if isinstance(content, dict) else None
         try:
             self.last_event_id = max(0, int(raw))
         except (TypeError, ValueError):
-            self.last_event_id = await in_thread(live.latest_event_id)()
-        self.wakeup.set()
-
-    async def events_committed(self, message) -> None:
-        """The doorbell: something committed; look now instead of at the next poll."""
+            self.last_event_id = None
+        self.hello.set()
         self.wakeup.set()
 
     async def _poll(self) -> None:
         # Until the page says where it is, it is up to date as of the moment it was rendered;
         # wait briefly for the hello, then start from the current tail.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wakeup.wait(), timeout=2)
+            await asyncio.wait_for(self.hello.wait(), timeout=2)
+        db = self.tail.db
         if self.last_event_id is None:
-            self.last_event_id = await in_thread(live.latest_event_id)()
-        self.sent_ids = await in_thread(self._ids_already_shown)()
+            self.last_event_id = await db.run(live.latest_event_id)
+        await self._refresh_viewer()
+        self.sent_ids = await self._ids_already_shown()
         while True:
             self.wakeup.clear()
-            html, last = await in_thread(self._next_batch)()
-            if html is not None:
-                self.last_event_id = last
-                await self.send(text_data=html)
+            sent = await self._send_next_batch()
+            if sent:
                 continue  # there may be more
+            if time.monotonic() - self.viewer_at > VIEWER_TTL_SECONDS:
+                await self._refresh_viewer()
+            # Woken by the tail after each of its reads (or by a hello).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), timeout=settings.LIVE_POLL_SECONDS)
+                await asyncio.wait_for(self.wakeup.wait(), timeout=max(1.0, settings.LIVE_POLL_SECONDS * 4))
 
-    def _ids_already_shown(self) -> set[int]:
+    async def _refresh_viewer(self) -> None:
+        self.viewer = await self.tail.db.run(lambda: self.stream.viewer_for(self.user))
+        self.viewer_at = time.monotonic()
+
+    async def _events_after(self, after_id: int) -> list:
+        events = self.tail.window_after(after_id)
+        if events is not None:
+            return [e for e in events if self.stream.follows(e, self.viewer)]
+        # Older than the window: a read of this socket's own.
+        tenant_ids = self.viewer.tenant_ids
+        return await self.tail.db.run(lambda: live.events_after(
+            stream=self.stream, after_id=after_id, tenant_ids=tenant_ids))
+
+    async def _ids_already_shown(self) -> set[int]:
         # What the page had when it said its cursor; anything in the look-back window that
         # commits later is new to it.
         floor = max(0, self.last_event_id - LOOKBACK_IDS)
-        events = live.events_after(user=self.user, stream=self.stream, after_id=floor, limit=LOOKBACK_IDS)
-        return {e.id for e in events if e.id <= self.last_event_id}
+        return {e.id for e in await self._events_after(floor) if e.id <= self.last_event_id}
 
-    def _next_batch(self) -> tuple[str | None, int]:
+    async def _send_next_batch(self) -> bool:
+        woke = time.time()
         after = max(0, self.last_event_id - LOOKBACK_IDS)
-        events = [
-            e for e in live.events_after(user=self.user, stream=self.stream, after_id=after)
-            if e.id not in self.sent_ids
-        ]
+        events = [e for e in await self._events_after(after) if e.id not in self.sent_ids][:200]
         if not events:
-            return None, self.last_event_id
+            return False
         self.sent_ids.update(e.id for e in events)
         last = max(self.last_event_id, events[-1].id)
         self.sent_ids = {i for i in self.sent_ids if i > last - LOOKBACK_IDS}
-        body = self.stream.render(self.user, events, self.arg)
-        return body + live.cursor_fragment(last), last
+        key = await self._view_key(events)
+        body = await self._render(key, self.stream.render, events)
+        rendered = time.time()
+        if self.stream.then is None:
+            self.last_event_id = last
+            await self.send(text_data=body + live.cursor_fragment(last))
+        else:
+            # The cursor moves with the second message: a page that drops in between is sent
+            # the batch again (fragments are idempotent).
+            await self.send(text_data=body)
+        sent = time.time()
+        if self.stream.then is not None:
+            body = await self._render(key, self.stream.then, events)
+            self.last_event_id = last
+            await self.send(text_data=body + live.cursor_fragment(last))
+        if timing.isEnabledFor(logging.DEBUG):
+            timing.debug("%s %.6f %.6f %.6f %.6f %.6f %s", self.stream.name, self.tail.ring_at, self.tail.read_at,
+                         woke, rendered, sent, ",".join(str(e.id) for e in events))
+        return True
+
+    async def _view_key(self, events: list) -> tuple:
+        """Sockets with equal keys are sent the same HTML for these events."""
+        stream = self.stream
+        ids = tuple(e.id for e in events)
+        personal = ()
+        if stream.batch_facts is not None and stream.personal is not None:
+            facts = await self.tail.once(("facts", stream.name, ids), lambda: stream.batch_facts(events))
+            personal = stream.personal(self.user, facts)
+        return (stream.name, self.arg, self.viewer.key, personal, ids)
+
+    async def _render(self, key: tuple, render, events: list) -> str:
+        user, arg = self.user, self.arg
+        return await self.tail.once((render, *key), lambda: render(user, events, arg))

@@ -9,8 +9,9 @@ event id it saw). Apps register their streams here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -24,6 +25,17 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Viewer:
+    """What one socket's user may see of a stream, read once and then every few seconds (not
+    once per batch): the tenants whose events reach them, and a key. Two sockets on the same
+    stream and arg whose viewers have equal keys are sent the same HTML for the same events,
+    rendered once (console/consumers.py)."""
+
+    tenant_ids: frozenset[int]
+    key: Hashable
+
+
+@dataclass(frozen=True)
 class Stream:
     name: str
     # Entities whose events this stream follows (empty: all).
@@ -32,6 +44,25 @@ class Stream:
     render: Callable[[AbstractBaseUser, Sequence, str], str]
     # Roles that may open the stream (any role when empty).
     roles: tuple[str, ...] = ()
+    # Who sees the same thing. Default: the user's tenants for these roles, and a key per user
+    # (only one person's sockets share renders) — safe for a render that reads the user.
+    viewer: Callable[[AbstractBaseUser], Viewer] | None = None
+    # Per-user facts about a batch that the render shows but the viewer key does not hold
+    # (e.g. "you approved this one"): `batch_facts` reads them once per batch for everybody,
+    # `personal` turns them into a key for one user. Both optional.
+    batch_facts: Callable[[Sequence], Any] | None = None
+    personal: Callable[[AbstractBaseUser, Any], Hashable] | None = None
+    # Fragments that may follow `render`'s in a second message (same signature), e.g. totals
+    # that take longer to compute than the rows: the page shows the rows first.
+    then: Callable[[AbstractBaseUser, Sequence, str], str] | None = None
+
+    def viewer_for(self, user: AbstractBaseUser) -> Viewer:
+        if self.viewer is not None:
+            return self.viewer(user)
+        return Viewer(tenant_ids=frozenset(tenant_ids_for(user, *self.roles)), key=("user", user.pk))
+
+    def follows(self, event, viewer: Viewer) -> bool:
+        return event.tenant_id in viewer.tenant_ids and (not self.entities or event.entity in self.entities)
 
 
 STREAMS: dict[str, Stream] = {}
@@ -71,10 +102,13 @@ def register(stream: Stream) -> None:
     STREAMS[stream.name] = stream
 
 
-def events_after(*, user: AbstractBaseUser, stream: Stream, after_id: int, limit: int = 200) -> list:
+def events_after(*, user: AbstractBaseUser | None = None, stream: Stream, after_id: int, limit: int = 200,
+                 tenant_ids: frozenset[int] | None = None) -> list:
     from ledger.models import Event
 
-    qs = Event.objects.filter(id__gt=after_id, tenant_id__in=tenant_ids_for(user, *stream.roles))
+    if tenant_ids is None:
+        tenant_ids = frozenset(tenant_ids_for(user, *stream.roles))
+    qs = Event.objects.filter(id__gt=after_id, tenant_id__in=tenant_ids)
     if stream.entities:
         qs = qs.filter(entity__in=stream.entities)
     return list(qs.order_by("id")[:limit])
@@ -94,4 +128,10 @@ def _render_activity(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
     return render_to_string("console/_activity_rows.html", {"events": list(reversed(events)), "oob": True})
 
 
-register(Stream(name="activity", entities=(), render=_render_activity))
+def _activity_viewer(user: AbstractBaseUser) -> Viewer:
+    tenant_ids = frozenset(tenant_ids_for(user))
+    return Viewer(tenant_ids=tenant_ids, key=("tenants", tuple(sorted(tenant_ids))))
+
+
+# The activity rows depend on the events alone: everyone with the same tenants shares them.
+register(Stream(name="activity", entities=(), render=_render_activity, viewer=_activity_viewer))

@@ -257,3 +257,25 @@ def operation_created_event(operation: Operation, *, actor: str) -> None:
     )
 
 
+def operation_release_budget(*, operation_id: str) -> None:
+    """Give back what a still-planned operation reserved of its task's budgets (one call, one
+    write, its amount). Used when a reviewer's edit replaces it before it ran: the edited call
+    reserves its own share, and the replaced one must not be counted as well."""
+    from django.db.models import F
+    from django.db.models.functions import Greatest
+
+    from approvals.gate import call_amount
+    from runs.models import Task
+
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        if operation.status != S.PLANNED:
+            raise Conflict(f"Only a planned operation gives its budget back; this one is {operation.status}.",
+                           details={"status": operation.status})
+        tool = operation.tool
+        is_write = tool.kind == tool.Kind.WRITE
+        Task.objects.filter(pk=operation.task_id).update(
+            calls_used=Greatest(F("calls_used") - 1, 0),
+            writes_used=Greatest(F("writes_used") - (1 if is_write else 0), 0),
+            amount_used=Greatest(F("amount_used") - call_amount(tool, operation.arguments), 0),
+        )

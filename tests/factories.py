@@ -151,6 +151,39 @@ def record_outcome(operation: Operation, *, fact: str, fencing_token: int | None
     )
 
 
+def make_pending_approval(
+    agent: AgentPrincipal,
+    *,
+    tool_name: str = "payments.refund",
+    arguments: dict[str, Any] | None = None,
+    risk_tier: int = 3,
+    approvals_needed: int | None = None,
+    ttl_seconds: int = 3600,
+    reasons: list[str] | None = None,
+    task: Task | None = None,
+    task_type: str = "refund",
+    call_id: str | None = None,
+) -> ApprovalRequest:
+    """A planned operation and a pending approval request for it, as the gate files one: a task
+    with a contract, a refund amount that matches the default escalation rules for the tier
+    asked for, two approvers at L4."""
+    task = task or make_task(agent, task_type=task_type, success_criteria=["refund confirmed by the provider"],
+                             constraints={"max_amount": 500})
+    if arguments is None:
+        arguments = dict(DEFAULT_ARGUMENTS[tool_name])
+        if tool_name == "payments.refund":
+            arguments["amount"] = {4: 250, 3: 120}.get(risk_tier, 40)
+    operation = make_operation(agent, tool_name, arguments=arguments, task=task, call_id=call_id,
+                               risk_tier=risk_tier)
+    if reasons is None:
+        reasons = [f"amount > {50 if risk_tier == 3 else 200}"] if tool_name == "payments.refund" else []
+    return approval_services.approval_request_create(
+        operation=operation, call_id=operation.call_id, state_version=task.version, risk_tier=risk_tier,
+        approvals_needed=approvals_needed or (2 if risk_tier >= 4 else 1), ttl_seconds=ttl_seconds,
+        reasons=reasons, actor=agent.ref,
+    )
+
+
 def make_approval_request(
     operation: Operation,
     *,

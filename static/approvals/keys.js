@@ -1,6 +1,6 @@
 // Reviewer console keyboard and htmx glue. No globals.
 //   inbox:  j / k move the selection, Enter opens the selected request, / focuses search
-//   detail: a approves, r focuses the rejection reason
+//   detail: a approves, r focuses the rejection reason, e opens the edit-and-approve form
 // Keys are ignored while typing in a field or with a modifier held.
 (function () {
   "use strict";
@@ -66,6 +66,11 @@
       case "r": {
         var reason = document.getElementById("reject-reason");
         if (reason) { evt.preventDefault(); reason.focus(); }
+        return;
+      }
+      case "e": {
+        var edit = document.getElementById("edit-link");
+        if (edit) { evt.preventDefault(); window.location.assign(edit.href); }
         return;
       }
     }

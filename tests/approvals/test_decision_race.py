@@ -12,7 +12,7 @@ from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_approve, approval_reject
 from console.lib.errors import Conflict
 from ledger.models import Operation
-from tests.approvals.conftest import create_pending_approval
+from tests.factories import make_pending_approval
 
 pytestmark = [
     pytest.mark.postgres,
@@ -62,7 +62,7 @@ def at_once(*jobs) -> list[str]:
 @pytest.mark.parametrize("trial", range(3))
 def test_two_reviewers_approving_at_once_make_one_decision_and_one_dispatch(agent, reviewer, senior, dispatches,
                                                                             trial):
-    request = create_pending_approval(agent, risk_tier=3)
+    request = make_pending_approval(agent, risk_tier=3)
     outcomes = at_once(lambda: approval_approve(approval_id=request.approval_id, reviewer=reviewer),
                        lambda: approval_approve(approval_id=request.approval_id, reviewer=senior))
     assert sorted(outcomes) == ["conflict", "ok"]
@@ -74,7 +74,7 @@ def test_two_reviewers_approving_at_once_make_one_decision_and_one_dispatch(agen
 
 @pytest.mark.parametrize("trial", range(3))
 def test_approve_and_reject_at_once_leave_one_consistent_outcome(agent, reviewer, senior, dispatches, trial):
-    request = create_pending_approval(agent, risk_tier=3)
+    request = make_pending_approval(agent, risk_tier=3)
     outcomes = at_once(lambda: approval_approve(approval_id=request.approval_id, reviewer=reviewer),
                        lambda: approval_reject(approval_id=request.approval_id, reviewer=senior, reason="no"))
     assert sorted(outcomes) == ["conflict", "ok"]

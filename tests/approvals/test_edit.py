@@ -97,6 +97,32 @@ def test_an_edit_is_a_new_call_operation_and_request_and_the_old_one_is_supersed
     assert len(callbacks) == 1
 
 
+def test_an_edit_gives_back_the_replaced_calls_budget_before_the_gate_counts_the_new_one(agent, reviewer):
+    from runs.models import Task
+
+    # 120 of 200 reserved, one call of one: without the release, the edited 100 would be refused
+    # (120 + 100 > 200, and the call budget spent).
+    request = propose(agent, amount=120, constraints={"max_amount": 200, "max_tool_calls": 1})
+    result = services.approval_edit_and_approve(approval_id=request.approval_id, reviewer=reviewer,
+                                                arguments=refund(100), reason="partial refund")
+    assert fresh(result.new).status == A.APPROVED
+    task = Task.objects.get(pk=request.task_id)
+    assert (task.calls_used, task.writes_used, task.amount_used) == (1, 1, 100)
+
+
+def test_a_refused_edit_keeps_the_replaced_calls_budget_reserved(agent, reviewer):
+    from runs.models import Task
+
+    request = propose(agent, amount=120, constraints={"max_amount": 200})
+    with pytest.raises(Conflict, match="exceeds what is left"):
+        services.approval_edit_and_approve(approval_id=request.approval_id, reviewer=reviewer,
+                                           arguments=refund(201),
+                                           reason="more")
+    task = Task.objects.get(pk=request.task_id)
+    assert (task.calls_used, task.amount_used) == (1, 120)
+    assert fresh(request).status == A.PENDING
+
+
 def test_an_edit_that_raises_the_tier_to_l4_still_needs_a_second_distinct_approver(l3, senior, senior2):
     result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
                                                 arguments=refund(250), reason="the full order")

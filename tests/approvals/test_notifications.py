@@ -15,8 +15,8 @@ from django.urls import reverse
 from approvals import notifications, services
 from approvals.models import ApprovalRequest, Notification, NotificationChannel
 from console.models import Tenant
-from tests.approvals.conftest import create_pending_approval
 from tests.approvals.test_edit import propose, refund
+from tests.factories import make_pending_approval
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
 
@@ -94,7 +94,7 @@ def test_a_new_request_plans_one_delivery_per_enabled_channel_of_its_tier_and_te
     enqueued: list[int] = []
     monkeypatch.setattr(notifications, "enqueue_delivery", lambda pk, countdown=None: enqueued.append(pk))
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        approval = create_pending_approval(agent, risk_tier=3)
+        approval = make_pending_approval(agent, risk_tier=3)
         rows = list(Notification.objects.filter(approval=approval).order_by("channel_id"))
         assert [n.channel for n in rows] == [mine, everyone]
         assert {n.status for n in rows} == {"pending"} and {n.attempts for n in rows} == {0}
@@ -113,7 +113,7 @@ def test_a_rolled_back_request_announces_nothing(agent, django_capture_on_commit
         pass
 
     with django_capture_on_commit_callbacks(execute=True), pytest.raises(Boom), transaction.atomic():
-        create_pending_approval(agent, risk_tier=3)
+        make_pending_approval(agent, risk_tier=3)
         raise Boom
     assert enqueued == [] and not Notification.objects.exists()
 
@@ -123,7 +123,7 @@ def test_a_failed_webhook_is_retried_with_backoff_and_every_attempt_is_recorded(
     with Receiver(fail_first=1) as receiver:
         hook = channel(3, "webhook", receiver.url)
         with django_capture_on_commit_callbacks(execute=True):
-            approval = create_pending_approval(agent, risk_tier=3)
+            approval = make_pending_approval(agent, risk_tier=3)
     row = Notification.objects.get(channel=hook, approval=approval)
     assert (row.status, row.attempts, row.next_attempt_at) == ("sent", 2, None)
     assert row.sent_at is not None
@@ -143,7 +143,7 @@ def test_a_webhook_that_never_answers_ends_failed_after_the_maximum_attempts(
     with Receiver(fail_first=99) as receiver:
         hook = channel(3, "webhook", receiver.url)
         with django_capture_on_commit_callbacks(execute=True):
-            approval = create_pending_approval(agent, risk_tier=3)
+            approval = make_pending_approval(agent, risk_tier=3)
     row = Notification.objects.get(channel=hook, approval=approval)
     assert (row.status, row.attempts, row.next_attempt_at) == ("failed", 3, None)
     assert [e["attempt"] for e in row.errors] == [1, 2, 3]
@@ -152,7 +152,7 @@ def test_a_webhook_that_never_answers_ends_failed_after_the_maximum_attempts(
 
 def test_an_unreachable_webhook_is_a_recorded_failure_not_a_crash(agent):
     hook = channel(3, "webhook", "http://127.0.0.1:9/nothing-listens")
-    approval = create_pending_approval(agent, risk_tier=3)
+    approval = make_pending_approval(agent, risk_tier=3)
     row = notifications.notification_deliver(notification_id=Notification.objects.get(channel=hook).pk)
     assert (row.status, row.attempts) == ("pending", 1)
     assert "ConnectError" in row.last_error
@@ -163,7 +163,7 @@ def test_an_unreachable_webhook_is_a_recorded_failure_not_a_crash(agent):
 def test_email_goes_through_djangos_mail_with_a_link(agent, eager_celery, django_capture_on_commit_callbacks):
     channel(4, "email", "seniors@example.com")
     with django_capture_on_commit_callbacks(execute=True):
-        approval = create_pending_approval(agent, risk_tier=4)
+        approval = make_pending_approval(agent, risk_tier=4)
     assert len(mail.outbox) == 1
     message = mail.outbox[0]
     assert message.to == ["seniors@example.com"]
@@ -176,7 +176,7 @@ def test_an_email_transport_error_is_recorded(agent, settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", 9
     channel(3, "email", "oncall@example.com")
-    create_pending_approval(agent, risk_tier=3)
+    make_pending_approval(agent, risk_tier=3)
     row = notifications.notification_deliver(notification_id=Notification.objects.get().pk)
     assert row.status == "pending" and row.attempts == 1
     assert "ConnectionRefusedError" in row.last_error or "Errno" in row.last_error
@@ -186,7 +186,7 @@ def test_a_repeated_task_for_a_sent_notification_sends_nothing(agent, eager_cele
                                                                django_capture_on_commit_callbacks):
     channel(3, "email", "oncall@example.com")
     with django_capture_on_commit_callbacks(execute=True):
-        create_pending_approval(agent, risk_tier=3)
+        make_pending_approval(agent, risk_tier=3)
     row = Notification.objects.get()
     from approvals.tasks import deliver_notification
 
@@ -197,7 +197,7 @@ def test_a_repeated_task_for_a_sent_notification_sends_nothing(agent, eager_cele
 
 def test_due_pending_deliveries_are_enqueued_again(agent, monkeypatch):
     channel(3, "email", "oncall@example.com")
-    create_pending_approval(agent, risk_tier=3)  # on_commit never ran: a lost message
+    make_pending_approval(agent, risk_tier=3)  # on_commit never ran: a lost message
     enqueued: list[int] = []
     monkeypatch.setattr(notifications, "enqueue_delivery", lambda pk, countdown=None: enqueued.append(pk))
     assert notifications.notifications_enqueue_due() == 1
@@ -224,7 +224,7 @@ def test_an_edit_that_raises_a_call_to_l4_notifies_the_l4_channel(
 
 def test_the_detail_page_shows_each_delivery_and_its_last_error(client, reviewer, agent):
     hook = channel(3, "webhook", "http://127.0.0.1:9/nothing-listens")
-    approval = create_pending_approval(agent, risk_tier=3)
+    approval = make_pending_approval(agent, risk_tier=3)
     notifications.notification_deliver(notification_id=Notification.objects.get(channel=hook).pk)
     client.force_login(reviewer)
     body = client.get(reverse("approvals:detail", args=[approval.approval_id])).content.decode()
@@ -235,7 +235,7 @@ def test_the_detail_page_shows_each_delivery_and_its_last_error(client, reviewer
 
 def test_notifications_are_read_only_in_the_admin_and_channels_editable(admin_client, agent):
     hook = channel(3, "email", "oncall@example.com")
-    create_pending_approval(agent, risk_tier=3)
+    make_pending_approval(agent, risk_tier=3)
     row = Notification.objects.get()
     assert admin_client.get(reverse("admin:approvals_notification_changelist")).status_code == 200
     page = admin_client.get(reverse("admin:approvals_notification_change", args=[row.pk]))

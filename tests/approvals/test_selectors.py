@@ -54,10 +54,10 @@ def test_the_inbox_holds_only_pending_unexpired_requests_soonest_expiry_first(re
 
 
 def test_the_inbox_excludes_other_tenants(reviewer, make_approval, outsider_agent):
-    from tests.approvals.conftest import create_pending_approval
+    from tests.factories import make_pending_approval
 
     mine = make_approval()
-    create_pending_approval(outsider_agent)
+    make_pending_approval(outsider_agent)
     scope = selectors.reviewer_scope(reviewer)
     assert [r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilters())] == [mine.approval_id]
 
@@ -92,11 +92,11 @@ def test_tier_counts_cover_every_tier(reviewer, make_approval):
 
 
 def test_rows_by_id_show_decided_requests_too_but_never_another_tenants(reviewer, make_approval, outsider_agent):
-    from tests.approvals.conftest import create_pending_approval
+    from tests.factories import make_pending_approval
 
     mine = make_approval()
     approval_services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
-    theirs = create_pending_approval(outsider_agent)
+    theirs = make_pending_approval(outsider_agent)
     rows = selectors.inbox_rows_by_id(reviewer, selectors.reviewer_scope(reviewer),
                                       [mine.approval_id, theirs.approval_id])
     assert set(rows) == {mine.approval_id}
@@ -121,3 +121,53 @@ def test_a_reviewer_in_two_tenants_keeps_each_tenants_tier(reviewer, tenant, oth
     scope = selectors.reviewer_scope(reviewer)
     assert scope.max_tier == {tenant.id: 3, other_tenant.id: 4}
     assert scope.highest_tier() == 4
+
+
+def test_a_request_carries_its_tools_and_tasks_type_from_creation(make_approval):
+    mail = make_approval(tool_name="mail.send", risk_tier=2, task_type="notify")
+    stored = ApprovalRequest.objects.get(pk=mail.pk)
+    assert (stored.tool.name, stored.task_type) == ("mail.send", "notify")
+
+
+def test_the_backfill_copies_tool_and_task_type_from_the_operation_and_task(make_approval):
+    import importlib
+
+    from django.apps import apps
+
+    from approvals.models import Tool
+
+    refund = make_approval(task_type="billing")
+    mail = make_approval(tool_name="mail.send", risk_tier=2, task_type="notify")
+    # Rows as they were before the columns existed (wrong values stand in for the missing ones).
+    ApprovalRequest.objects.update(tool=Tool.objects.get(name="orders.lookup"), task_type="")
+    migration = importlib.import_module("approvals.migrations.0005_backfill_request_tool_task_type")
+    migration.backfill(apps, None)
+    got = dict(ApprovalRequest.objects.values_list("approval_id", "task_type"))
+    tools = dict(ApprovalRequest.objects.values_list("approval_id", "tool__name"))
+    assert got == {refund.approval_id: "billing", mail.approval_id: "notify"}
+    assert tools == {refund.approval_id: "payments.refund", mail.approval_id: "mail.send"}
+
+
+def test_the_tenant_and_requested_by_filters(policy, tenant, other_tenant, make_approval, outsider_agent):
+    from tests.conftest import make_agent
+    from tests.factories import make_pending_approval
+
+    user = make_user("two-tenants", tenant, Role.REVIEWER, max_tier=4)
+    Membership.objects.create(user=user, tenant=other_tenant, role=Role.REVIEWER, max_tier=4)
+    second_agent = make_agent(tenant, "second", "second-agent-token")
+    first = make_approval()
+    second = make_approval(agent=second_agent)
+    elsewhere = make_pending_approval(outsider_agent)
+    scope = selectors.reviewer_scope(user)
+
+    def ids(**filters):
+        return {r.approval_id for r in selectors.inbox(user, scope, InboxFilters(**filters))}
+
+    assert ids() == {first.approval_id, second.approval_id, elsewhere.approval_id}
+    assert ids(tenant="globex") == {elsewhere.approval_id}
+    assert ids(tenant="acme") == {first.approval_id, second.approval_id}
+    assert ids(requested_by=second_agent.pk) == {second.approval_id}
+    assert ids(requested_by=second_agent.pk, tenant="globex") == set()
+    choices = selectors.filter_choices(scope)
+    assert choices["tenants"] == [("acme", "Acme"), ("globex", "Globex")]
+    assert {label for _, label in choices["agents"]} == {"agent (acme)", "second (acme)", "outsider (globex)"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from approvals.live import encode_inbox_arg, render_approval, render_inbox
+from approvals.live import encode_inbox_arg, render_approval, render_inbox, render_inbox_counts
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.selectors import InboxFilters
 from ledger.models import Event, Operation
@@ -43,9 +43,9 @@ def mine(make_approval):
 
 @pytest.fixture
 def theirs(outsider_agent):
-    from tests.approvals.conftest import create_pending_approval
+    from tests.factories import make_pending_approval
 
-    return create_pending_approval(outsider_agent, risk_tier=2)
+    return make_pending_approval(outsider_agent, risk_tier=2)
 
 
 # ------------------------------------------------------------------------------------ inbox
@@ -107,8 +107,12 @@ def test_filters_and_search_narrow_the_list(client, reviewer, make_approval):
     assert ids(q=refund.task_id) == {refund.approval_id}
     assert ids(age="15m") == {refund.approval_id, mail.approval_id}
     assert ids(age="older") == set()
+    assert ids(tenant="acme") == {refund.approval_id, mail.approval_id}
+    assert ids(requested_by=refund.requested_by_id) == {refund.approval_id, mail.approval_id}
     # a stale or hand-made value is ignored, not an error
     assert ids(tier="L9") == {refund.approval_id, mail.approval_id}
+    assert ids(tenant="globex") == {refund.approval_id, mail.approval_id}  # not one of mine
+    assert ids(requested_by="x") == {refund.approval_id, mail.approval_id}
 
 
 def test_an_htmx_request_gets_only_the_table_fragment(client, reviewer, mine):
@@ -142,7 +146,7 @@ def test_the_inbox_paginates(client, reviewer, make_approval):
 
 
 @pytest.mark.parametrize("n", [3, 30])
-def test_the_inbox_query_count_does_not_grow_with_rows(client, reviewer, make_approval, n,
+def test_the_inbox_query_count_does_not_grow_with_rows(client, reviewer, agent, make_approval, n,
                                                        django_assert_max_num_queries):
     for i in range(n):
         approval = make_approval(risk_tier=3 + (i % 2))
@@ -150,10 +154,18 @@ def test_the_inbox_query_count_does_not_grow_with_rows(client, reviewer, make_ap
             ApprovalDecision.objects.create(request=approval, reviewer=reviewer, verdict="approve",
                                             arguments_hash=approval.arguments_hash)
     client.force_login(reviewer)
-    with django_assert_max_num_queries(10):
+    # Session, user, scope (with tenants), tools, the cached choices (task types, agents: cold
+    # here), cursor, tier counts, page IDs, rows — the same for 3 and 30 rows.
+    with django_assert_max_num_queries(11):
         response = client.get(inbox_url())
     assert response.status_code == 200
     assert len(response.context["rows"]) == min(n, 25)
+    # Every filter at once: one COUNT more (the tier counts no longer give the total).
+    filters = {"tool": "payments.refund", "tier": 3, "task_type": "refund", "tenant": "acme",
+               "requested_by": agent.pk, "age": "24h", "q": "call"}
+    with django_assert_max_num_queries(12):
+        response = client.get(inbox_url(**filters))
+    assert len(response.context["rows"]) == min((n + 1) // 2, 25)
 
 
 def test_the_detail_query_count_does_not_grow_with_decisions(client, senior, senior2, make_approval,
@@ -166,13 +178,46 @@ def test_the_detail_query_count_does_not_grow_with_decisions(client, senior, sen
     client.force_login(senior)
     client.post(approve_url(approval), {"reason": "ok"})
     assert approval.notifications.count() == 2
-    # 7, plus one for the notifications (channels joined) and one for the request it edits.
-    with django_assert_max_num_queries(9):
+    # 7, plus one for the notifications (channels joined), one for the request it edits, and
+    # two for the trace so far (its spans, the prices).
+    with django_assert_max_num_queries(11):
         response = client.get(detail_url(approval))
     assert response.status_code == 200
 
 
 # ----------------------------------------------------------------------------------- detail
+
+
+def test_the_detail_page_shows_the_trace_so_far_read_only(client, reviewer, mine, make_approval):
+    import json
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import Span
+
+    now = timezone.now()
+
+    def span(task, trace, span_id, name, *, parent="", linked=True):
+        return Span.objects.create(tenant_id=task.tenant_id, trace_id=trace * 32, span_id=span_id * 16,
+                                   parent_span_id=parent * 16 if parent else "", name=name,
+                                   start_time=now, end_time=now + timedelta(milliseconds=5), duration_ms=5,
+                                   task=task if linked else None)
+
+    span(mine.task, "a", "1", "agent run")
+    span(mine.task, "a", "2", "tool call payments.refund", parent="1", linked=False)  # same trace
+    other = make_approval()
+    span(other.task, "b", "3", "another task's span")
+    client.force_login(reviewer)
+    response = client.get(detail_url(mine))
+    body = response.content.decode()
+    assert 'id="run-waterfall"' in body and 'data-active="false"' in body
+    spans = json.loads(body.split('<script id="run-spans" type="application/json">')[1].split("</script>")[0])
+    assert sorted(row[3] for row in spans) == ["agent run", "tool call payments.refund"]
+    assert "2 spans" in body
+    theirs = client.get(detail_url(other)).content.decode()
+    assert "another task&#x27;s span" in theirs or "another task's span" in theirs
+    assert "agent run" not in theirs
 
 
 def test_an_outsider_gets_404_on_another_tenants_request(client, outsider, mine):
@@ -368,7 +413,10 @@ def test_the_inbox_stream_inserts_a_new_pending_request_out_of_band(reviewer, mi
     html = render_inbox(reviewer, _events_for(mine), "all")
     assert '<tbody hx-swap-oob="afterbegin:#inbox-rows">' in html
     assert f'<tr id="approval-{mine.approval_id}"' in html
-    assert 'id="inbox-counts" aria-label="Pending requests per tier" hx-swap-oob="true"' in html
+    # The counts follow in a second message of their own.
+    counts = render_inbox_counts(reviewer, _events_for(mine), "all")
+    assert 'id="inbox-counts" aria-label="Pending requests per tier" hx-swap-oob="true"' in counts
+    assert 'id="inbox-total">1<' in counts
 
 
 def test_the_inbox_stream_replaces_a_decided_request_with_its_new_status(reviewer, mine):
@@ -403,6 +451,20 @@ def test_the_approval_stream_follows_the_operation_status(reviewer, mine):
     assert "badge--authorized" in html
     assert 'id="decision-panel"' in html  # closed: the forms go
     assert render_approval(reviewer, events, "apr_other") == ""
+
+
+def test_an_unknown_outcome_after_approval_links_to_the_support_view(reviewer, mine):
+    from approvals import services
+    from ledger import services as ledger_services
+
+    services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
+    events = list(Event.objects.order_by("id"))
+    assert "operation-support-link" not in render_approval(reviewer, events, mine.approval_id)
+    ledger_services.operation_dispatch(operation_id=mine.operation_id, worker="w1")
+    ledger_services.operation_mark_unknown(operation_id=mine.operation_id, actor="system:test", reason="timeout")
+    html = render_approval(reviewer, list(Event.objects.order_by("id")), mine.approval_id)
+    assert "badge--unknown" in html
+    assert f'href="{reverse("operations:detail", args=[mine.operation_id])}"' in html
 
 
 def test_the_pagination_links_nearby_pages_only(client, reviewer, make_approval, monkeypatch):

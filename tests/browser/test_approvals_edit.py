@@ -18,7 +18,8 @@ def test_a_reviewer_edits_the_amount_and_approves_the_new_call(live_server, page
     original = propose(agent, amount=120)
     log_in(page, live_server.url, "reviewer")
     page.goto(f"{live_server.url}/approvals/{original.approval_id}/")
-    page.click("#edit-link")
+    page.keyboard.press("e")  # the edit form, from the keyboard
+    expect(page).to_have_url(f"{live_server.url}/approvals/{original.approval_id}/edit/")
     expect(page.locator("#id_arg__amount")).to_have_value("120")
     expect(page.locator("#id_arg__currency")).to_have_value("EUR")
 

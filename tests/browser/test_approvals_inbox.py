@@ -1,98 +1,25 @@
 """The reviewer console in headless Chromium.
 
-The live part needs websockets, so it runs against uvicorn (ASGI) started here on a free port
-against the test database; the rest uses pytest-django's WSGI `live_server`.
+The live part needs websockets, so it runs against the shared uvicorn server (`asgi_server`,
+tests/asgi.py) on the test database; the rest uses pytest-django's WSGI `live_server`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
-from urllib.parse import quote
+from datetime import timedelta
 
-import httpx
 import pytest
-from django.db import connection
+from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from ledger.models import Operation
-from tests.approvals.conftest import create_pending_approval
+from runs.models import Span
+from tests.factories import make_pending_approval
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_DEADLINE_SECONDS = 30
-
-
-def _test_database_url() -> str:
-    s = connection.settings_dict
-    if connection.vendor == "postgresql":
-        auth = quote(s.get("USER") or "", safe="")
-        if s.get("PASSWORD"):
-            auth += ":" + quote(s["PASSWORD"], safe="")
-        host = s.get("HOST") or "127.0.0.1"
-        port = s.get("PORT") or 5432
-        return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
-    return f"sqlite:///{s['NAME']}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def asgi_server(transactional_db) -> Iterator[str]:
-    """uvicorn serving console.asgi against the test database; yields its base URL."""
-    port = _free_port()
-    env = dict(os.environ)
-    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DATABASE_URL": _test_database_url(),
-        "CELERY_BROKER_URL": "memory://",
-        "LIVE_POLL_SECONDS": "0.1",
-    })
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=REPO_ROOT, env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
-    try:
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("uvicorn did not answer /healthz in time")
-            try:
-                # Waits on the process, not on the clock: returns at once if it died.
-                code = proc.wait(timeout=0.1)
-                raise AssertionError(f"uvicorn exited with {code} before it answered /healthz")
-            except subprocess.TimeoutExpired:
-                pass
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
@@ -106,7 +33,7 @@ def _fresh_cache():
 @pytest.fixture
 def make_approval(agent):
     def factory(**kwargs):
-        return create_pending_approval(agent, **kwargs)
+        return make_pending_approval(agent, **kwargs)
 
     return factory
 
@@ -121,15 +48,16 @@ def log_in(page: Page, base: str, username: str) -> None:
 
 def test_a_new_request_appears_live_and_is_approved_from_the_keyboard(asgi_server, page, screenshot,
                                                                       reviewer, agent, make_approval):
+    base = asgi_server.url
     older = make_approval(risk_tier=2, tool_name="mail.send", task_type="notify")
     make_approval(risk_tier=4, ttl_seconds=7200)
-    log_in(page, asgi_server, "reviewer")
-    page.goto(f"{asgi_server}/approvals/")
+    log_in(page, base, "reviewer")
+    page.goto(f"{base}/approvals/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
     expect(page.locator(f"#approval-{older.approval_id}")).to_be_visible()
 
     # Committed by the test, outside any request: only the live stream can bring it.
-    fresh = create_pending_approval(agent, risk_tier=3, ttl_seconds=600, call_id="call-live-0001")
+    fresh = make_pending_approval(agent, risk_tier=3, ttl_seconds=600, call_id="call-live-0001")
     row = page.locator(f"#approval-{fresh.approval_id}")
     expect(row).to_be_visible()
     expect(row).to_contain_text("call-live-0001")
@@ -149,8 +77,13 @@ def test_a_new_request_appears_live_and_is_approved_from_the_keyboard(asgi_serve
 
     page.keyboard.press("j")
     expect(row).to_have_class(re.compile(r"\bis-selected\b"))
+    page.keyboard.press("j")
+    expect(row).not_to_have_class(re.compile(r"\bis-selected\b"))
+    expect(page.locator("#inbox-rows tr").nth(1)).to_have_class(re.compile(r"\bis-selected\b"))
+    page.keyboard.press("k")
+    expect(row).to_have_class(re.compile(r"\bis-selected\b"))
     page.keyboard.press("Enter")
-    expect(page).to_have_url(f"{asgi_server}/approvals/{fresh.approval_id}/")
+    expect(page).to_have_url(f"{base}/approvals/{fresh.approval_id}/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
     expect(page.locator("#approve-button")).to_be_visible()
     screenshot(page, "approvals-detail")
@@ -200,7 +133,18 @@ def test_filters_swap_the_table_and_update_the_address(live_server, page, screen
     page.keyboard.press("/")
     expect(page.locator("#id_q")).to_be_focused()
 
+    # The agent's trace so far, drawn read-only by the run page's waterfall.
+    now = timezone.now()
+    for n, (name, parent, start, end) in enumerate([("agent run", "", 0, 900), ("plan", "1", 20, 300),
+                                                     ("chat gpt-x", "2", 40, 280), ("tool call mail.send", "1", 320, 880)],
+                                                    start=1):
+        Span.objects.create(tenant_id=mail.tenant_id, trace_id="a" * 32, span_id=f"{n:016x}",
+                            parent_span_id=f"{int(parent):016x}" if parent else "", name=name,
+                            start_time=now + timedelta(milliseconds=start), end_time=now + timedelta(milliseconds=end),
+                            duration_ms=end - start, task=mail.task if n == 1 else None)
     page.goto(f"{live_server.url}/approvals/{mail.approval_id}/")
+    expect(page.locator("#run-waterfall .waterfall__row")).to_have_count(4)
+    expect(page.locator("#run-trace-summary")).to_contain_text("4 spans")
     preview = page.locator("#preview")
     expect(preview).to_contain_text("The email as it will be sent")
     expect(preview).to_contain_text("customer@example.com")
@@ -209,13 +153,23 @@ def test_filters_swap_the_table_and_update_the_address(live_server, page, screen
 
 def test_the_detail_page_follows_a_decision_made_elsewhere(asgi_server, page, screenshot, reviewer, senior,
                                                            make_approval):
+    base = asgi_server.url
     l4 = make_approval(risk_tier=4)
-    log_in(page, asgi_server, "reviewer")
-    page.goto(f"{asgi_server}/approvals/{l4.approval_id}/")
+    log_in(page, base, "reviewer")
+    page.goto(f"{base}/approvals/{l4.approval_id}/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
     expect(page.locator("#needs-higher")).to_contain_text("needs an L4 reviewer")
     expect(page.locator("#approve-button")).to_have_count(0)
     screenshot(page, "approvals-detail-needs-l4")
+    # No button, and a hand-made POST from this logged-in page (its session, its CSRF token) is
+    # refused as well.
+    status = page.evaluate("""(url) => fetch(url, {method: "POST", credentials: "same-origin",
+        headers: {"X-CSRFToken": document.querySelector('meta[name=csrf-token]').content,
+                  "Content-Type": "application/x-www-form-urlencoded"},
+        body: "reason=looks+fine"}).then(r => r.status)""", f"/approvals/{l4.approval_id}/approve/")
+    assert status == 403
+    l4.refresh_from_db()
+    assert (l4.status, l4.decisions.count()) == ("pending", 0)
 
     approval_services.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first of two")
     expect(page.locator("#approval-status")).to_contain_text("1 of 2 approvals")
@@ -241,9 +195,21 @@ def test_the_inbox_fits_a_phone(live_server, new_page, screenshot, reviewer, mak
     page.goto(f"{live_server.url}/approvals/")
     # Nothing in the page's content but the table's own scroller is wider than the screen
     # (the shared top bar is the shell's business).
-    wide = page.evaluate("""() => [...document.querySelectorAll('#main *')]
-        .filter(e => e.getBoundingClientRect().right > 391)
-        .filter(e => !e.closest('.table-wrap'))
-        .map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
-    assert wide == []
+    assert wider_than_the_screen(page, ".table-wrap") == []
     screenshot(page, "approvals-inbox-phone")
+
+    detail = ApprovalRequest.objects.filter(risk_tier=3).get()
+    page.goto(f"{live_server.url}/approvals/{detail.approval_id}/")
+    expect(page.locator("#approve-button")).to_be_visible()
+    assert wider_than_the_screen(page, ".table-wrap, .waterfall, pre") == []
+    screenshot(page, "approvals-detail-phone")
+
+
+def wider_than_the_screen(page: Page, scrollers: str) -> list[str]:
+    """Elements of the page's content reaching past the viewport's right edge, except inside
+    the given scrolling containers."""
+    return page.evaluate("""(scrollers) => [...document.querySelectorAll('#main *')]
+        .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+        .filter(e => !e.closest(scrollers))
+        .map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""",
+                         scrollers)

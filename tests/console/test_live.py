@@ -244,3 +244,54 @@ def test_a_foreign_origin_is_refused(client, reviewer):
 
     connected, _ = async_to_sync(scenario)()
     assert connected is False
+
+
+# ------------------------------------------------------------------- one render per view
+
+
+@pytest.fixture
+def counted_stream():
+    """A stream like `activity` whose renders are counted, with a viewer key that holds only
+    the tenants (so two users of one tenant share renders)."""
+    from console import live
+
+    calls: list[tuple[str, tuple[int, ...]]] = []
+
+    def render(user, events, arg):
+        calls.append((user.get_username(), tuple(e.id for e in events)))
+        return "".join(f'<tr id="event-{e.id}"></tr>' for e in events)
+
+    def viewer(user):
+        tenant_ids = frozenset(live.tenant_ids_for(user))
+        return live.Viewer(tenant_ids=tenant_ids, key=("tenants", tuple(sorted(tenant_ids))))
+
+    live.register(live.Stream(name="counted", entities=("task",), render=render, viewer=viewer))
+    yield calls
+    live.STREAMS.pop("counted", None)
+
+
+def test_sockets_with_the_same_view_share_one_render_and_others_get_their_own(
+        client, reviewer, senior, outsider, agent, outsider_agent, counted_stream):
+    from django.test import Client
+
+    start = new_event(agent)
+    headers = [session_headers(Client(), user) for user in (reviewer, reviewer, senior, outsider)]
+
+    async def scenario():
+        sockets = [WebsocketCommunicator(application(), "/ws/live/counted/", headers=h) for h in headers]
+        for socket in sockets:
+            assert (await socket.connect(timeout=TIMEOUT))[0]
+            await socket.send_json_to({"last_event_id": start})
+        ours = await database_sync_to_async(new_event)(agent)
+        theirs = await database_sync_to_async(new_event)(outsider_agent)
+        got = [await receive_until(s, ours) for s in sockets[:3]] + [await receive_until(sockets[3], theirs)]
+        for socket in sockets:
+            await socket.disconnect()
+        return ours, theirs, got
+
+    ours, theirs, got = async_to_sync(scenario)()
+
+    # Three sockets of one tenant (two users): the same HTML, rendered once.
+    assert [[i for html in fragments for i in rows(html)] for fragments in got] == [[ours]] * 3 + [[theirs]]
+    assert [ids for _, ids in counted_stream].count((ours,)) == 1
+    assert [ids for _, ids in counted_stream].count((theirs,)) == 1
