@@ -72,6 +72,15 @@ def run_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+# Exporters batch (OpenTelemetry's default: every 5 s), so a run's last spans arrive after it ended.
+SPANS_AFTER_END = timedelta(seconds=60)
+
+
+def _following(task: Task) -> bool:
+    """Whether an open page should keep asking for new spans."""
+    return task.status not in TASK_TERMINAL or timezone.now() - task.updated_at < SPANS_AFTER_END
+
+
 def run_detail_context(task: Task) -> dict:
     rows = trace_rows(task)
     summary, costs = summarize(task, rows, PriceBook.for_tenants([task.tenant_id]))
@@ -83,7 +92,7 @@ def run_detail_context(task: Task) -> dict:
         "task": task, "summary": summary, "spans": payload(rows, costs), "span_count": total,
         "cursor": cursor, "limit": MAX_SPANS,
         "operations": operations, "approvals": approvals, "events": events,
-        "active": task.status not in TASK_TERMINAL,
+        "active": _following(task),
     }
 
 
@@ -106,7 +115,7 @@ def run_trace(request: HttpRequest, task_id: str) -> HttpResponse:
     task = _get_task_for_user(request, task_id)
     after, known = _int_param(request, "after"), _int_param(request, "known")
     total, cursor = trace_state(task)
-    active = task.status not in TASK_TERMINAL
+    active = _following(task)
     if (total, cursor) == (known, after) and active:
         return HttpResponse(status=204)
     rows = trace_rows(task)
