@@ -87,7 +87,12 @@ def run_detail_context(task: Task) -> dict:
     total, cursor = trace_state(task) if len(rows) >= MAX_SPANS else (len(rows), max((r.id for r in rows), default=0))
     operations = list(Operation.objects.filter(task=task).select_related("tool", "step").order_by("created_at"))
     approvals = list(ApprovalRequest.objects.filter(task=task).select_related("tool").order_by("created_at"))
-    events = list(Event.objects.filter(entity="task", entity_id=task.task_id).order_by("id"))
+    # The same events the live stream appends (runs/live.py): the task's, its operations', its approvals'.
+    events = list(Event.objects.filter(
+        Q(entity="task", entity_id=task.task_id)
+        | Q(entity="operation", entity_id__in=[op.operation_id for op in operations])
+        | Q(entity="approval", entity_id__in=[a.approval_id for a in approvals])
+    ).order_by("id"))
     return {
         "task": task, "summary": summary, "spans": payload(rows, costs), "span_count": total,
         "cursor": cursor, "limit": MAX_SPANS,

@@ -112,6 +112,8 @@ def test_the_detail_page_lists_the_runs_operations_and_approvals_with_their_stat
     row = body.split(f'id="run-approval-{approval.approval_id}"')[1].split("</tr>")[0]
     assert "pending" in row and "payments.refund" in row and f"/approvals/{approval.approval_id}/" in row
     assert f'id="run-op-{operation.operation_id}"' in body
+    timeline = body.split('id="run-timeline"')[1].split("</ol>")[0]  # as the live stream appends them
+    assert "operation planned" in timeline and "approval pending" in timeline
 
 
 def test_tokens_of_a_model_without_a_price_are_shown_as_unpriced(client, viewer, agent):
