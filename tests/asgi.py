@@ -43,6 +43,9 @@ class AsgiServer:
             "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", "memory://"),
             "LIVE_POLL_SECONDS": "0.1",
             "PORT": str(self.port),
+            # The browser tests lift Django's async-safety guard in this process; the server
+            # must keep it, or an ORM call on its event loop would go unnoticed.
+            "DJANGO_ALLOW_ASYNC_UNSAFE": "",
             **(env or {}),
         }
         self.child = Child("asgi", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host",

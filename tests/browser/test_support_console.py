@@ -4,25 +4,17 @@ real payments sandbox as the provider."""
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
-from urllib.parse import quote
 
-import httpx
 import pytest
-from django.db import connection
 from playwright.sync_api import Page, expect
 
 from console.models import Role
 from ledger import services as ledger_services
 from ledger.models import Event, Operation, OperationStatus
 from ledger.sandbox.process import SandboxProcess
+from tests.asgi import AsgiServer
 from tests.conftest import make_user
 from tests.support.conftest import (
     age_last_attempt,
@@ -34,28 +26,6 @@ from tests.support.conftest import (
 
 S = OperationStatus
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_DEADLINE_SECONDS = 30
-
-
-def _test_database_url() -> str:
-    s = connection.settings_dict
-    if connection.vendor == "postgresql":
-        auth = quote(s.get("USER") or "", safe="")
-        if s.get("PASSWORD"):
-            auth += ":" + quote(s["PASSWORD"], safe="")
-        host = s.get("HOST") or "127.0.0.1"
-        port = s.get("PORT") or 5432
-        return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
-    return f"sqlite:///{s['NAME']}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def payments() -> Iterator[SandboxProcess]:
@@ -75,46 +45,15 @@ def support2(tenant):
 def support_server(transactional_db, payments) -> Iterator[str]:
     """uvicorn serving console.asgi against the test database; Celery tasks run eagerly inside
     it (no worker needed), and the payments adapter talks to the test's sandbox."""
-    port = _free_port()
-    env = dict(os.environ)
-    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DATABASE_URL": _test_database_url(),
+    server = AsgiServer(env={
         "CELERY_BROKER_URL": "memory://",
         "CELERY_TASK_ALWAYS_EAGER": "true",
         "SANDBOX_PAYMENTS_URL": payments.base_url,
-        "LIVE_POLL_SECONDS": "0.1",
-    })
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=REPO_ROOT, env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
+    }).start()
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("uvicorn did not answer /healthz in time")
-            try:
-                code = proc.wait(timeout=0.1)  # returns at once if the server died
-                raise AssertionError(f"uvicorn exited with {code} before it answered /healthz")
-            except subprocess.TimeoutExpired:
-                pass
-        yield base
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def log_in(page: Page, base: str, username: str) -> None:
