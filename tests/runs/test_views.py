@@ -67,6 +67,16 @@ def test_the_list_filters_by_tenant_and_by_recent_activity(client, viewer, agent
     assert old.task_id in client.get("/runs/", {"since": "7d"}).content.decode()
 
 
+def test_the_list_finds_a_run_by_one_of_its_call_or_operation_ids(client, viewer, agent):
+    from tests.factories import make_operation
+
+    operation = make_operation(agent, call_id="call-findme")
+    other = task_create(principal=agent, task_type="refund", goal="other")
+    for query in ("call-findme", operation.operation_id):
+        body = client.get("/runs/", {"q": query}).content.decode()
+        assert operation.task_id in body and other.task_id not in body, query
+
+
 def test_an_htmx_request_gets_only_the_results_fragment(client, viewer, agent):
     task_create(principal=agent, task_type="refund", goal="one")
     body = client.get("/runs/", HTTP_HX_REQUEST="true").content.decode()
