@@ -82,7 +82,7 @@ def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
     filters, page = decode_inbox_arg(arg)
     rows = selectors.inbox_rows_by_id(user, scope, ids)
     decorate_rows(rows.values(), scope)
-    matching = set(
+    matching = set(rows) if filters.is_empty() else set(
         selectors.apply_filters(ApprovalRequest.objects.filter(approval_id__in=list(rows)), filters)
         .values_list("approval_id", flat=True)
     )

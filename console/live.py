@@ -121,7 +121,9 @@ def latest_event_id() -> int:
 
 
 def cursor_fragment(last_event_id: int) -> str:
-    return render_to_string("console/_live_cursor.html", {"last_event_id": last_event_id, "oob": True})
+    # templates/console/_live_cursor.html with oob=True, without the template engine: every
+    # socket sends one with every batch, on the event loop.
+    return f'<span id="live-cursor" data-last-event-id="{int(last_event_id)}" hidden hx-swap-oob="true"></span>'
 
 
 def _render_activity(user: AbstractBaseUser, events: Sequence, arg: str) -> str:

@@ -295,3 +295,12 @@ def test_sockets_with_the_same_view_share_one_render_and_others_get_their_own(
     assert [[i for html in fragments for i in rows(html)] for fragments in got] == [[ours]] * 3 + [[theirs]]
     assert [ids for _, ids in counted_stream].count((ours,)) == 1
     assert [ids for _, ids in counted_stream].count((theirs,)) == 1
+
+
+def test_the_cursor_fragment_is_the_cursor_template_out_of_band(db):
+    from django.template.loader import render_to_string
+
+    from console.live import cursor_fragment
+
+    expected = render_to_string("console/_live_cursor.html", {"last_event_id": 1234, "oob": True}).strip()
+    assert cursor_fragment(1234) == expected
