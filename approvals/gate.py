@@ -76,6 +76,12 @@ class GateResult:
 def evaluate(*, principal: AgentPrincipal, task: Task, tool: Tool, arguments: dict[str, Any]) -> GateResult:
     args_hash = validate_arguments(tool=tool, arguments=arguments)
     authorize(principal=principal, task=task, tool=tool)
+    return decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash)
+
+
+def decide(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str) -> GateResult:
+    """Budgets, risk tier and policy, for arguments already validated (`validate_arguments`)
+    and a principal already authorized (`authorize`): the rest of `evaluate`."""
     refusals, exhausted = check_budgets(task=task, tool=tool, arguments=arguments)
     if refusals:
         return GateResult(decision=REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),

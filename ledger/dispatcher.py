@@ -41,6 +41,7 @@ ACTOR = "system:dispatcher"
 class Deferred:
     reason: str
     seconds: float
+    queue: str
 
 
 def run_dispatch(operation_id: str, *, worker: str) -> str:
@@ -51,7 +52,7 @@ def run_dispatch(operation_id: str, *, worker: str) -> str:
             span.set_attribute("countersign.dispatch.result", claimed)
             return claimed
         if isinstance(claimed, Deferred):
-            _enqueue_later(operation_id, claimed.seconds)
+            _enqueue_later(operation_id, claimed)
             span.set_attribute("countersign.dispatch.result", f"deferred:{claimed.reason}")
             return f"deferred:{claimed.reason}"
         operation, attempt = claimed
@@ -63,11 +64,15 @@ def run_dispatch(operation_id: str, *, worker: str) -> str:
         return _record(operation, attempt, outcome, latency_ms)
 
 
-def _enqueue_later(operation_id: str, seconds: float) -> None:
+def _enqueue_later(operation_id: str, deferred: Deferred) -> None:
     from ledger.tasks import enqueue_dispatch
 
-    operation = Operation.objects.select_related("tool").get(pk=operation_id)
-    enqueue_dispatch(operation_id, queue=operation.tool.queue, countdown=max(0.05, seconds))
+    countdown = max(0.05, deferred.seconds)
+    # This message is the next try; the sweeper pushes again only if it is lost.
+    Operation.objects.filter(pk=operation_id, status__in=[S.AUTHORIZED, S.RETRY_SAFE]).update(
+        next_redispatch_at=timezone.now() + timedelta(seconds=countdown + settings.REDISPATCH_AFTER_SECONDS)
+    )
+    enqueue_dispatch(operation_id, queue=deferred.queue, countdown=countdown)
 
 
 def _claim(operation_id: str, *, worker: str):
@@ -81,7 +86,9 @@ def _claim(operation_id: str, *, worker: str):
         if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
-        refusal = _revalidate(operation, now=now)
+        # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
+        approval = _approved_request(operation) if operation.needs_approval else None
+        refusal = _revalidate(operation, approval, now=now)
         if refusal:
             return refusal
         if operation.status == S.RETRY_SAFE:
@@ -91,10 +98,10 @@ def _claim(operation_id: str, *, worker: str):
                                         evidence={"attempts": operation.attempt_count, "last_error": operation.last_error})
                 return f"failed:{stop}"
             if operation.not_before and operation.not_before > now:
-                return Deferred("backoff", (operation.not_before - now).total_seconds())
+                return Deferred("backoff", (operation.not_before - now).total_seconds(), tool.queue)
         reopen = circuit_open_until(tool, now=now)
         if reopen:
-            return Deferred("circuit_open", (reopen - now).total_seconds())
+            return Deferred("circuit_open", (reopen - now).total_seconds(), tool.queue)
         # Mutual exclusion: two operations on one business object (one order's refunds) never
         # run at once. The tenant's in-flight limit is a load guard, not a safety property: it
         # is counted without a lock (concurrent claimers may overshoot it by their number)
@@ -105,16 +112,17 @@ def _claim(operation_id: str, *, worker: str):
             busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
                                             status__in=[S.DISPATCHED, S.UNKNOWN])
             if busy.exclude(pk=operation_id).exists():
-                return Deferred("business_key_busy", 0.5)
+                return Deferred("business_key_busy", 0.5, tool.queue)
         in_flight = Operation.objects.filter(tenant_id=operation.tenant_id, status=S.DISPATCHED).count()
         if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
-            return Deferred("tenant_limit", 0.5)
-        approval = _approved_request(operation)
+            return Deferred("tenant_limit", 0.5, tool.queue)
         if approval is not None:
             approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
         deadline = now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
         seam("before_dispatch_commit", operation_id)
-        return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline)
+        # The row locked above, with its tool: no second lock, no lazy load before the provider call.
+        return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline,
+                                           locked=operation)
 
 
 def _approved_request(operation: Operation) -> ApprovalRequest | None:
@@ -126,9 +134,9 @@ def _approved_request(operation: Operation) -> ApprovalRequest | None:
     )
 
 
-def _revalidate(operation: Operation, *, now) -> str | None:
-    """Step 5's re-checks. On failure the approval and the operation are closed (with events)
-    and a reason is returned."""
+def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) -> str | None:
+    """Step 5's re-checks of the operation and its approved request (if any). On failure the
+    approval and the operation are closed (with events) and a reason is returned."""
     task = operation.task
     if operation.status == S.AUTHORIZED:
         # A compensation undoes an effect of a task that may long be finished: it still runs.
@@ -137,13 +145,11 @@ def _revalidate(operation: Operation, *, now) -> str | None:
             return f"cancelled:task_{task.status}"
         if operation.tool.schema_version != operation.tool_schema_version:
             reason = "tool schema changed since the call was proposed"
-            approval = _approved_request(operation)
             if approval:
                 approval_services.approval_invalidate(approval_id=approval.approval_id, actor=ACTOR, reason=reason)
             else:
                 services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=reason)
             return "cancelled:schema_changed"
-        approval = _approved_request(operation)
         if approval is None:
             return None
         if approval.expires_at <= now:
@@ -226,7 +232,7 @@ def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms
         operation_id=operation.operation_id, attempt_number=attempt.number, fencing_token=attempt.fencing_token,
         fact=outcome.fact, receipt=outcome.receipt, result=outcome.result, error_class=outcome.error_class,
         error_code=outcome.error_code, raw_response=outcome.as_evidence(), latency_ms=latency_ms,
-        terminal_failure=terminal, retry_at=retry_at,
+        terminal_failure=terminal, retry_at=retry_at, operation=operation, worker=attempt.worker,
     )
     if not applied:
         logger.warning("stale result for %s attempt %s kept as evidence", operation.operation_id, attempt.number)

@@ -95,6 +95,10 @@ class Operation(models.Model):
     idempotency_key = models.CharField(max_length=255)
     business_key = models.CharField(max_length=255, blank=True, help_text="Mutual exclusion, e.g. the order ID.")
     risk_tier = models.PositiveSmallIntegerField()
+    needs_approval = models.BooleanField(
+        default=True,
+        help_text="False only when the gate ran the call at once: the dispatcher then looks up no approval.",
+    )
     status = models.CharField(max_length=32, choices=OperationStatus.choices, default=S.PLANNED)
     attempt_count = models.PositiveIntegerField(default=0)
     fencing_token = models.PositiveBigIntegerField(default=0)
@@ -103,6 +107,10 @@ class Operation(models.Model):
     result = models.JSONField(null=True, blank=True)
     last_error = models.CharField(max_length=255, blank=True)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Backoff: no retry before this time.")
+    next_redispatch_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The sweeper pushes an authorized or retry-safe operation again no earlier than this.",
+    )
     reconcile_attempts = models.PositiveIntegerField(default=0)
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     compensates = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="compensations")

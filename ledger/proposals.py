@@ -21,8 +21,9 @@ from decimal import Decimal
 from typing import Any
 
 import rfc8785
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import F
+from django.utils import timezone
 
 from approvals import gate
 from approvals import services as approval_services
@@ -34,7 +35,7 @@ from console.lib.transitions import record_event
 from console.models import AgentPrincipal
 from console.tracing import tracer
 from ledger import services as ledger_services
-from ledger.models import Call, Operation
+from ledger.models import Call, Operation, OperationStatus
 from ledger.selectors import (
     AWAITING_APPROVAL,
     DISPATCHED,
@@ -43,7 +44,7 @@ from ledger.selectors import (
     operation_decision,
 )
 from runs import services as run_services
-from runs.models import Lease, Task, TaskStatus
+from runs.models import Lease, Step, Task, TaskStatus
 
 GATE_ACTOR = "system:gate"
 MAX_CALL_ID = 64
@@ -89,13 +90,13 @@ def call_propose(
         raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
     args_hash = gate.canonical_arguments_hash(arguments)
     with transaction.atomic():
-        task = _lock_task(principal=principal, task_id=task_id)
+        task, lease = _lock_task(principal=principal, task_id=task_id)
 
         call = _call(task, call_id)
         if call is not None:
             return _repeat(call, task=task, step_id=step_id, tool_name=tool_name, args_hash=args_hash)
 
-        run_services.check_fencing_token(task, fencing_token)
+        run_services.check_fencing_token(task, fencing_token, locked_lease=lease)
         if task.version != expected_version:
             raise Conflict(
                 "Stale expected_version.",
@@ -109,6 +110,7 @@ def call_propose(
         tool = Tool.objects.filter(name=tool_name).first()
         if tool is None:
             raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
+        # Validated and authorized once, here: `gate.decide` below does the rest of the gate.
         gate.validate_arguments(tool=tool, arguments=arguments)
         gate.authorize(principal=principal, task=task, tool=tool)
 
@@ -127,12 +129,13 @@ def call_propose(
                 "countersign.task_id": task.task_id, "countersign.step_id": step_id,
                 "countersign.operation_id": operation_id, "gen_ai.tool.call.id": call_id,
                 "gen_ai.tool.name": tool.name}) as span:
-            result = gate.evaluate(principal=principal, task=task, tool=tool, arguments=arguments)
+            result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash)
             span.set_attributes({"countersign.decision": result.decision, "countersign.risk_tier": result.risk_tier})
         if result.refused:
             return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool)
 
-        step = run_services.step_get_or_create(task=task, step_id=step_id)
+        runs_at_once = not result.needs_approval
+        step = _step_get_or_create(task, step_id)
         try:
             with transaction.atomic():
                 operation = Operation.objects.create(
@@ -150,6 +153,9 @@ def call_propose(
                     idempotency_key=_idempotency_key(tool, task, arguments, operation_id),
                     business_key=_business_key(tool, arguments),
                     risk_tier=result.risk_tier,
+                    # A call the gate runs at once is inserted authorized (its two events below).
+                    status=OperationStatus.AUTHORIZED if runs_at_once else OperationStatus.PLANNED,
+                    needs_approval=not runs_at_once,
                 )
                 Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=args_hash)
         except IntegrityError:
@@ -164,49 +170,73 @@ def call_propose(
             return _regenerated(existing, principal=principal, task=task, call_id=call_id,
                                 intent=intent, args_hash=args_hash)
 
-        ledger_services.operation_created_event(operation, actor=principal.ref)
         _spend_budget(task, tool, arguments)
-
-        if result.needs_approval:
-            run_services.task_wait_for_approval(
-                task=task, actor=principal.ref, reason=f"call {call_id} needs approval",
-                evidence={"operation_id": operation_id, "risk_tier": result.risk_tier},
-            )
-            approval = approval_services.approval_request_create(
-                operation=operation, call_id=call_id,
-                # The version after the move: the dispatcher refuses if the task moved again.
-                state_version=task.version,
-                risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
-                ttl_seconds=result.approval_ttl_seconds, reasons=list(result.reasons), actor=principal.ref,
+        if runs_at_once:
+            ledger_services.operation_created_authorized(
+                operation, actor=principal.ref, authorized_by=GATE_ACTOR,
+                reason=f"L{result.risk_tier} {result.requirement}: runs at once",
+                evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
             )
             return Proposal(
-                call_id=call_id, operation_id=operation_id, decision=AWAITING_APPROVAL, status=operation.status,
-                task_id=task.task_id, task_version=task.version, approval_id=approval.approval_id,
-                reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
-                created=True,
+                call_id=call_id, operation_id=operation_id, decision=DISPATCHED, status=operation.status,
+                task_id=task.task_id, task_version=task.version, reasons=result.reasons,
+                risk_tier=result.risk_tier, created=True,
             )
 
-        operation = ledger_services.operation_authorize(
-            operation_id=operation_id, actor=GATE_ACTOR,
-            reason=f"L{result.risk_tier} {result.requirement}: runs at once",
-            evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
+        ledger_services.operation_created_event(operation, actor=principal.ref)
+        run_services.task_wait_for_approval(
+            task=task, actor=principal.ref, reason=f"call {call_id} needs approval",
+            evidence={"operation_id": operation_id, "risk_tier": result.risk_tier},
+        )
+        approval = approval_services.approval_request_create(
+            operation=operation, call_id=call_id,
+            # The version after the move: the dispatcher refuses if the task moved again.
+            state_version=task.version,
+            risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
+            ttl_seconds=result.approval_ttl_seconds, reasons=list(result.reasons), actor=principal.ref,
         )
         return Proposal(
-            call_id=call_id, operation_id=operation_id, decision=DISPATCHED, status=operation.status,
-            task_id=task.task_id, task_version=task.version, reasons=result.reasons,
-            risk_tier=result.risk_tier, created=True,
+            call_id=call_id, operation_id=operation_id, decision=AWAITING_APPROVAL, status=operation.status,
+            task_id=task.task_id, task_version=task.version, approval_id=approval.approval_id,
+            reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
+            created=True,
         )
 
 
-def _lock_task(*, principal: AgentPrincipal, task_id: str) -> Task:
-    if not Task.objects.filter(task_id=task_id, tenant_id=principal.tenant_id).exists():
+def _lock_task(*, principal: AgentPrincipal, task_id: str) -> tuple[Task, Lease | None]:
+    """The task (of the principal's tenant) and its lease, both locked.
+
+    Lock order lease → task, the order task_transition takes them in (it locks the lease, then
+    updates the task row): the other order could deadlock against it on PostgreSQL. Holding the
+    task row serializes every proposal of the task, so a repeat and its original never both
+    miss each other. On SQLite the IMMEDIATE transaction already serializes.
+    """
+    lease = (Lease.objects.select_for_update(of=("self",))
+             .filter(task_id=task_id, task__tenant_id=principal.tenant_id).first())
+    task = (Task.objects.select_for_update(of=("self",)).select_related("tenant")
+            .filter(task_id=task_id, tenant_id=principal.tenant_id).first())
+    if task is None:
         raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
-    # Lock order lease → task, the order task_transition takes them in (it locks the lease,
-    # then updates the task row): the other order could deadlock against it on PostgreSQL.
-    # Holding the task row serializes every proposal of the task, so a repeat and its original
-    # never both miss each other. On SQLite the IMMEDIATE transaction already serializes.
-    Lease.objects.select_for_update().filter(task_id=task_id).first()
-    return Task.objects.select_for_update(of=("self",)).select_related("tenant").get(task_id=task_id)
+    return task, lease
+
+
+def _step_get_or_create(task: Task, step_id: str) -> Step:
+    """The step, inserted if new, without a savepoint: ON CONFLICT DO NOTHING cannot abort the
+    transaction (compensations add steps to a task without holding its row)."""
+    created_at = timezone.now()
+    meta = Step._meta
+    conn = connections[router.db_for_write(Step)]
+    columns = ", ".join(conn.ops.quote_name(meta.get_field(name).column) for name in ("task", "step_id", "created_at"))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {conn.ops.quote_name(meta.db_table)} ({columns}) VALUES (%s, %s, %s) "
+            f"ON CONFLICT DO NOTHING RETURNING {conn.ops.quote_name(meta.pk.column)}",
+            [task.pk, step_id, meta.get_field("created_at").get_db_prep_value(created_at, conn)],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return Step.objects.get(task=task, step_id=step_id)
+    return Step(pk=row[0], task=task, step_id=step_id, created_at=created_at)
 
 
 def _call(task: Task, call_id: str) -> Call | None:
@@ -290,15 +320,16 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
 
 
 def _spend_budget(task: Task, tool: Tool, arguments: dict[str, Any]) -> None:
-    """Budgets are spent when the operation is created (reserved), whatever a reviewer decides."""
-    is_write = tool.kind == Tool.Kind.WRITE
+    """Budgets are spent when the operation is created (reserved), whatever a reviewer decides.
+    The task row is locked, so the new counts are the ones read plus this call's: no re-read."""
+    writes = 1 if tool.kind == Tool.Kind.WRITE else 0
     amount = gate.call_amount(tool, arguments)
     Task.objects.filter(pk=task.pk).update(
-        calls_used=F("calls_used") + 1,
-        writes_used=F("writes_used") + (1 if is_write else 0),
-        amount_used=F("amount_used") + amount,
+        calls_used=F("calls_used") + 1, writes_used=F("writes_used") + writes, amount_used=F("amount_used") + amount,
     )
-    task.refresh_from_db(fields=["calls_used", "writes_used", "amount_used"])
+    task.calls_used += 1
+    task.writes_used += writes
+    task.amount_used += amount
 
 
 def _key_part(value: Any) -> str:

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
-from console.lib.transitions import record_event, transition
+from console.lib.transitions import event_row, record_events, transition
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 
 S = OperationStatus
@@ -30,7 +30,9 @@ def _get(operation_id: str, *, lock: bool = False) -> Operation:
 def _enqueue_dispatch_on_commit(operation: Operation) -> None:
     from ledger.tasks import enqueue_dispatch
 
-    transaction.on_commit(lambda: enqueue_dispatch(operation.operation_id, queue=operation.tool.queue))
+    # Read the queue now, inside the transaction: after commit a lazy load would be a query of its own.
+    operation_id, queue = operation.operation_id, operation.tool.queue
+    transaction.on_commit(lambda: enqueue_dispatch(operation_id, queue=queue))
 
 
 def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evidence: dict | None = None) -> Operation:
@@ -63,14 +65,18 @@ def operation_cancel(*, operation_id: str, actor: str, reason: str) -> Operation
     return operation
 
 
-def operation_dispatch(*, operation_id: str, worker: str, deadline=None) -> tuple[Operation, Attempt]:
+def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
+                       locked: Operation | None = None) -> tuple[Operation, Attempt]:
     """authorized | retry_safe → dispatched with a new fencing token and attempt number.
 
     Commits before the provider is called, so a crash after this point is an `unknown`
-    outcome the sweeper finds, never a silent second dispatch.
+    outcome the sweeper finds, never a silent second dispatch. `locked` is the row the caller
+    already holds `FOR UPDATE` in its open transaction (the dispatcher's claim): it is not read
+    again, and it is returned with what the caller loaded on it (its tool).
     """
-    with transaction.atomic():
-        operation = _get(operation_id, lock=True)
+    # Inside the claim's transaction no savepoint is needed: any failure aborts the claim.
+    with transaction.atomic(savepoint=locked is None):
+        operation = locked if locked is not None else _get(operation_id, lock=True)
         if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
             # In flight: a conflict (someone else dispatched it); anything else: not a legal move.
             error = Conflict if operation.status == S.DISPATCHED else IllegalTransition
@@ -112,49 +118,77 @@ def operation_record_outcome(
     latency_ms: int | None = None,
     terminal_failure: bool = False,
     retry_at=None,
+    operation: Operation | None = None,
+    worker: str = "",
 ) -> tuple[Operation, bool]:
     """Record one attempt's outcome, guarded by (status = dispatched, fencing token = mine).
 
     Returns (operation, applied). A stale worker's late result is kept on its attempt as
     evidence and changes no status (applied = False). `not_sent` with `terminal_failure`
-    (the retry budget is spent) ends in `failed`, otherwise in `retry_safe`.
+    (the retry budget is spent) ends in `failed`, otherwise in `retry_safe`. The dispatcher
+    passes the `operation` it claimed and its `worker` name, which saves reading them again.
     """
     if fact not in Fact.values:
         raise InvalidInput(f"Unknown fact {fact!r}.")
     if fact == Fact.KNOWN_SUCCESS and not receipt:
         raise InvalidInput("A known success needs a receipt.")
     now = timezone.now()
+    to = _OUTCOME_STATUS[fact]
+    if fact == Fact.NOT_SENT and terminal_failure:
+        to = S.FAILED
+    changes: dict[str, Any] = {"last_error": f"{error_class} {error_code}".strip()[:255]}
+    if receipt is not None:
+        changes["receipt"] = receipt
+    if result is not None:
+        changes["result"] = result
+    if to == S.UNKNOWN:
+        changes["next_reconcile_at"] = now
+    if to == S.RETRY_SAFE:
+        changes["not_before"] = retry_at
+    attempt_fields = {"finished_at": now, "fact": fact, "error_class": error_class[:64],
+                      "error_code": str(error_code)[:64], "raw_response": raw_response, "latency_ms": latency_ms}
     with transaction.atomic():
+        if operation is None:
+            operation = _get(operation_id)
+        if operation.status == S.DISPATCHED and operation.fencing_token == fencing_token:
+            # The common case, without row locks: the compare-and-set on (status = dispatched,
+            # token = mine) is the guard. If it loses, nothing was written and the stale path
+            # below looks at the rows under lock.
+            try:
+                transition(
+                    operation, to=to, actor=f"worker:{worker or _attempt_worker(operation_id, attempt_number)}",
+                    reason=f"attempt {attempt_number}: {fact}",
+                    evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
+                              "error_code": str(error_code)},
+                    guard={"fencing_token": fencing_token}, changes=changes,
+                )
+            except Conflict:
+                pass
+            else:
+                Attempt.objects.filter(operation_id=operation_id, number=attempt_number).update(
+                    stale=False, **attempt_fields)
+                return operation, True
         attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
         operation = _get(operation_id, lock=True)
-        is_current = operation.status == S.DISPATCHED and operation.fencing_token == fencing_token
-        if not is_current and attempt.finished_at is not None:
-            return operation, False  # a repeated report of an outcome already recorded: keep the first
-        Attempt.objects.filter(pk=attempt.pk).update(
-            finished_at=now, fact=fact, error_class=error_class[:64], error_code=str(error_code)[:64],
-            raw_response=raw_response, latency_ms=latency_ms, stale=not is_current,
-        )
-        if not is_current:
-            return operation, False
-        to = _OUTCOME_STATUS[fact]
-        if fact == Fact.NOT_SENT and terminal_failure:
-            to = S.FAILED
-        changes: dict[str, Any] = {"last_error": f"{error_class} {error_code}".strip()[:255]}
-        if receipt is not None:
-            changes["receipt"] = receipt
-        if result is not None:
-            changes["result"] = result
-        if to == S.UNKNOWN:
-            changes["next_reconcile_at"] = now
-        if to == S.RETRY_SAFE:
-            changes["not_before"] = retry_at
-        transition(
-            operation, to=to, actor=f"worker:{attempt.worker}", reason=f"attempt {attempt_number}: {fact}",
-            evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
-                      "error_code": str(error_code)},
-            guard={"fencing_token": fencing_token}, changes=changes,
-        )
-    return operation, True
+        if operation.status == S.DISPATCHED and operation.fencing_token == fencing_token:
+            # Read stale in memory, current in the database: apply it under the lock.
+            transition(
+                operation, to=to, actor=f"worker:{attempt.worker}", reason=f"attempt {attempt_number}: {fact}",
+                evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
+                          "error_code": str(error_code)},
+                guard={"fencing_token": fencing_token}, changes=changes,
+            )
+            Attempt.objects.filter(pk=attempt.pk).update(stale=False, **attempt_fields)
+            return operation, True
+        if attempt.finished_at is None:
+            # A stale worker's late result: kept on its attempt as evidence, no status change.
+            Attempt.objects.filter(pk=attempt.pk).update(stale=True, **attempt_fields)
+        # Otherwise a repeated report of an outcome already recorded: keep the first.
+    return operation, False
+
+
+def _attempt_worker(operation_id: str, number: int) -> str:
+    return Attempt.objects.filter(operation_id=operation_id, number=number).values_list("worker", flat=True).first() or ""
 
 
 def operation_mark_unknown(*, operation_id: str, actor: str, reason: str, evidence: dict | None = None) -> Operation:
@@ -249,12 +283,33 @@ def operation_schedule_reconcile(*, operation_id: str, at, tries: int) -> None:
     )
 
 
-def operation_created_event(operation: Operation, *, actor: str) -> None:
-    record_event(
+def _created_row(operation: Operation, *, actor: str, to_status: str):
+    return event_row(
         entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
-        to_status=operation.status, actor=actor, reason=f"{operation.tool.name} call {operation.call_id}",
+        to_status=to_status, actor=actor, reason=f"{operation.tool.name} call {operation.call_id}",
         evidence={"intent_hash": operation.intent_hash, "risk_tier": operation.risk_tier},
     )
+
+
+def operation_created_event(operation: Operation, *, actor: str) -> None:
+    """A new operation enters the ledger (inside the transaction that inserts it)."""
+    record_events([_created_row(operation, actor=actor, to_status=operation.status)])
+
+
+def operation_created_authorized(operation: Operation, *, actor: str, authorized_by: str, reason: str,
+                                 evidence: dict[str, Any]) -> None:
+    """A call the gate runs at once: the operation was inserted directly as `authorized`, and
+    its two transitions (∅ → planned, planned → authorized) are written here in one INSERT, in
+    the same transaction. The dispatch is enqueued once this commits."""
+    if operation.status != S.AUTHORIZED or S.AUTHORIZED not in Operation.TRANSITIONS[S.PLANNED]:
+        raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
+    record_events([
+        _created_row(operation, actor=actor, to_status=S.PLANNED),
+        event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
+                  from_status=S.PLANNED, to_status=S.AUTHORIZED, actor=authorized_by, reason=reason,
+                  evidence=evidence),
+    ])
+    _enqueue_dispatch_on_commit(operation)
 
 
 def operation_release_budget(*, operation_id: str) -> None:

@@ -28,14 +28,23 @@ def run_sweep(now=None) -> dict[str, int]:
     counts = {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0, "verify": 0}
 
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
+    due_again = Q(next_redispatch_at__isnull=True) | Q(next_redispatch_at__lte=now)
     waiting = (
         Operation.objects.filter(status__in=[S.AUTHORIZED, S.RETRY_SAFE], updated_at__lt=stale)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .filter(due_again)
         .select_related("tool")[:BATCH]
     )
     for operation in waiting:
-        enqueue_dispatch(operation.operation_id, queue=operation.tool.queue)
-        counts["redispatched"] += 1
+        # Claim the slot, so that an operation the dispatcher keeps deferring (circuit open,
+        # tenant limit, busy business key) is pushed once per REDISPATCH_AFTER_SECONDS, not
+        # by every sweep, and two overlapping sweeps push it once.
+        claimed = Operation.objects.filter(pk=operation.pk, status=operation.status).filter(due_again).update(
+            next_redispatch_at=now + timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
+        )
+        if claimed:
+            enqueue_dispatch(operation.operation_id, queue=operation.tool.queue)
+            counts["redispatched"] += 1
 
     for operation_id in Operation.objects.filter(status=S.DISPATCHED, dispatch_deadline__lt=now).values_list(
         "operation_id", flat=True

@@ -51,9 +51,13 @@ def _locked_lease(task: Task) -> Lease | None:
     return Lease.objects.select_for_update().filter(task_id=task.task_id).first()
 
 
-def check_fencing_token(task: Task, fencing_token: int | None) -> None:
-    """Only the current lease holder may change a task. Call inside a transaction."""
-    lease = _locked_lease(task)
+_READ = object()
+
+
+def check_fencing_token(task: Task, fencing_token: int | None, *, locked_lease: Lease | None | object = _READ) -> None:
+    """Only the current lease holder may change a task. Call inside a transaction. A caller
+    that already locked the task's lease row in this transaction passes it (None: no lease)."""
+    lease = _locked_lease(task) if locked_lease is _READ else locked_lease
     if lease is None:
         raise Conflict("The task has no lease; acquire one first.", details={"task_id": task.task_id})
     if fencing_token != lease.fencing_token:

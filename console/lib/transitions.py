@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connections, models, router, transaction
+from django.db.models import Q
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition
 
 
-def record_event(
+def event_row(
     *,
     entity: str,
     entity_id: str,
@@ -26,11 +28,10 @@ def record_event(
     reason: str = "",
     evidence: dict[str, Any] | None = None,
 ):
-    from console.live import ring_doorbell_on_commit
+    """An unsaved event row, for `record_events` (several transitions written in one INSERT)."""
     from ledger.models import Event
 
-    ring_doorbell_on_commit()
-    return Event.objects.create(
+    return Event(
         tenant_id=tenant_id,
         entity=entity,
         entity_id=str(entity_id),
@@ -40,6 +41,20 @@ def record_event(
         reason=reason,
         evidence=evidence or {},
     )
+
+
+def record_events(rows: list) -> list:
+    """Append event rows built by `event_row` in one statement (inside the caller's transaction)."""
+    from console.live import ring_doorbell_on_commit
+    from ledger.models import Event
+
+    ring_doorbell_on_commit()
+    return Event.objects.bulk_create(rows)
+
+
+def record_event(**fields: Any):
+    """Append one event row (the keyword arguments of `event_row`) inside the caller's transaction."""
+    return record_events([event_row(**fields)])[0]
 
 
 def transition(
@@ -71,26 +86,54 @@ def transition(
     values = {"status": to, **(changes or {})}
     if any(f.name == "updated_at" for f in model._meta.fields):
         values.setdefault("updated_at", timezone.now())
-    with transaction.atomic():
-        updated = model.objects.filter(pk=obj.pk, status=current, **(guard or {})).update(**values)
-        if updated != 1:
-            raise Conflict(
-                f"{model.EVENT_ENTITY} {obj.pk} changed while moving from {current} to {to}; read it again.",
-                details={"entity": model.EVENT_ENTITY, "id": str(obj.pk), "expected": current},
+    computed = [field for field, value in values.items() if hasattr(value, "resolve_expression")]
+    filters = {"pk": obj.pk, "status": current, **(guard or {})}
+    # No savepoint: callers hold the row (or their compare-and-set decides) inside their own
+    # transaction, and a lost compare-and-set writes nothing, so the Conflict is raised after
+    # the block and leaves the caller's transaction usable. A failed event insert still aborts
+    # the whole transaction: the status never moves without its event row.
+    with transaction.atomic(savepoint=False):
+        if computed:
+            # F() expressions: the database computes them; RETURNING reads them back in the
+            # same statement instead of a second SELECT.
+            row = _update_returning(model, filters, values, computed)
+            updated = 0 if row is None else 1
+        else:
+            updated = model.objects.filter(**filters).update(**values)
+        if updated == 1:
+            record_event(
+                entity=model.EVENT_ENTITY,
+                entity_id=str(obj.pk),
+                tenant_id=getattr(obj, "tenant_id", None),
+                from_status=current,
+                to_status=to,
+                actor=actor,
+                reason=reason,
+                evidence=evidence,
             )
-        record_event(
-            entity=model.EVENT_ENTITY,
-            entity_id=str(obj.pk),
-            tenant_id=getattr(obj, "tenant_id", None),
-            from_status=current,
-            to_status=to,
-            actor=actor,
-            reason=reason,
-            evidence=evidence,
+    if updated != 1:
+        raise Conflict(
+            f"{model.EVENT_ENTITY} {obj.pk} changed while moving from {current} to {to}; read it again.",
+            details={"entity": model.EVENT_ENTITY, "id": str(obj.pk), "expected": current},
         )
-    if any(hasattr(value, "resolve_expression") for value in values.values()):
-        obj.refresh_from_db(fields=list(values))  # F() expressions: read what the database computed
-    else:
-        for field, value in values.items():
-            setattr(obj, field, value)
+    for field, value in values.items():
+        if field in computed:
+            value = model._meta.get_field(field).to_python(row[computed.index(field)])
+        setattr(obj, field, value)
     return True
+
+
+def _update_returning(model: type[models.Model], filters: dict[str, Any], values: dict[str, Any],
+                      returning: list[str]) -> tuple | None:
+    """`UPDATE … SET values WHERE filters RETURNING returning` (PostgreSQL and SQLite ≥ 3.35);
+    the row, or None when no row matched. Filters and values are on the model's own columns."""
+    query = UpdateQuery(model)
+    query.add_update_values(values)
+    query.add_q(Q(**filters))
+    using = router.db_for_write(model)
+    sql, params = query.get_compiler(using).as_sql()
+    conn = connections[using]
+    columns = ", ".join(conn.ops.quote_name(model._meta.get_field(name).column) for name in returning)
+    with conn.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {columns}", params)
+        return cursor.fetchone()

@@ -17,6 +17,7 @@ from tests.dispatch.conftest import (
     attempts_of,
     authorized_refund,
     effects_of,
+    refund_arguments,
     reload,
     status_story,
 )
@@ -102,6 +103,38 @@ def test_an_authorized_operation_nobody_dispatched_is_enqueued_again(agent, tool
     # The re-sent message does what the lost one would have done.
     assert run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
     assert len(effects_of(payments_url, operation)) == 1
+
+
+def test_an_authorized_operation_is_pushed_again_only_when_its_redispatch_is_due(agent, tools, unique, settings,
+                                                                                 enqueued):
+    operation = authorized_refund(agent, unique("ord"))
+    enqueued.clear()
+    first = timezone.now() + timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS + 1)
+
+    assert run_sweep(now=first)["redispatched"] == 1
+    # The next sweeps (every SWEEP_SECONDS) leave it alone while that message may still arrive.
+    assert run_sweep(now=first)["redispatched"] == 0
+    assert run_sweep(now=first + timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS - 1))["redispatched"] == 0
+    assert enqueued.dispatched_ids() == [operation.operation_id]
+    # Still not dispatched once the slot has passed: that message was lost too, push again.
+    assert run_sweep(now=first + timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS))["redispatched"] == 1
+    assert enqueued.dispatched_ids() == [operation.operation_id] * 2
+
+
+def test_a_deferred_dispatch_is_not_pushed_again_by_the_sweeper_meanwhile(agent, tools, payments_url, unique,
+                                                                          settings, enqueued):
+    order = unique("fault-timeout-after-commit")
+    in_doubt = make_operation(agent, "payments.refund", status=S.UNKNOWN, arguments=refund_arguments(order))
+    waiting = authorized_refund(agent, order, amount=10)
+    enqueued.clear()
+
+    assert run_dispatch(waiting.operation_id, worker="test") == "deferred:business_key_busy"
+    assert enqueued.dispatched_ids() == [waiting.operation_id]  # the dispatcher's own retry, in 0.5 s
+    later = timezone.now() + timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
+
+    assert run_sweep(now=later)["redispatched"] == 0
+    assert run_sweep(now=later + timedelta(seconds=1))["redispatched"] == 1
+    assert reload(in_doubt).status == S.UNKNOWN
 
 
 def test_a_retry_in_backoff_is_not_enqueued_before_its_time(agent, tools, unique, settings, enqueued):

@@ -482,16 +482,19 @@ def test_a_repeated_report_of_an_applied_outcome_does_not_mark_its_attempt_stale
     assert attempt.raw_response == {"first": True}
 
 
-def test_record_outcome_raises_conflict_when_the_token_moved_behind_its_back(agent, monkeypatch):
+def test_an_outcome_that_loses_the_compare_and_set_is_kept_as_stale_evidence(agent, monkeypatch):
+    # The outcome is recorded without row locks: the compare-and-set on (dispatched, token) is
+    # the guard. A token moved between the read and the write makes this worker a stale one.
     operation = make_operation(agent, status=S.DISPATCHED)
     concurrent_writer(monkeypatch, services, fencing_token=99)
     before = event_count("operation", operation.operation_id)
 
-    with pytest.raises(Conflict):
-        record_outcome(operation, fact=Fact.KNOWN_FAILURE)
+    _, applied = record_outcome(operation, fact=Fact.KNOWN_FAILURE)
 
+    assert applied is False
     assert status_of(operation) == S.DISPATCHED
     assert event_count("operation", operation.operation_id) == before
+    assert current_attempt(operation).stale is True
 
 
 def test_a_rolled_back_outcome_leaves_neither_status_attempt_result_nor_event(agent):
