@@ -290,8 +290,8 @@ def start_task(agent, owner: str) -> RunningTask:
 
 def lifecycle_client(index: int, *, own_tenant: bool = False) -> tuple[Callable[[], None], Callable[[], None]]:
     """One agent task per client (proposals of one task serialize on its row, by design);
-    each operation a new step and call ID. All clients in one tenant, or each in its own (the
-    dispatcher serializes the claims of one tenant on an advisory lock)."""
+    each operation a new step and call ID. All clients in one tenant, or each in its own (every
+    claim counts its tenant's operations in flight)."""
     from django.db import connections
 
     from ledger.dispatcher import run_dispatch

@@ -116,6 +116,16 @@ if IS_SQLITE:
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_countersign")}
+    # DATABASE_POOL=N: psycopg's connection pool (at most N connections per process) instead of
+    # a new connection, backend process and authentication per request. console.asgi turns it
+    # on for the web server: under ASGI every request runs its sync code in a thread of its
+    # own, so CONN_MAX_AGE would strand an open connection in each finished thread (Django's
+    # docs say to use the backend's pool under ASGI). Off elsewhere: a Celery prefork parent
+    # that had opened a pool would hand its sockets and dead pool threads to every child.
+    # With the pool, CONN_HEALTH_CHECKS checks a connection as it leaves the pool.
+    DATABASE_POOL = env_int("DATABASE_POOL", 0, minimum=0)
+    if DATABASE_POOL:
+        DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 1, "max_size": DATABASE_POOL, "timeout": 30}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
