@@ -117,6 +117,7 @@ class Tail:
         self.max_id = 0
         # Every committed event with an id above `floor` is in `events` (as of the last read).
         self.floor: int | None = None
+        self.first_floor = 0  # where the first read starts; `floor` once its events are in memory
         self.read_at = 0.0  # time.time() when the last read started
         self.ring_at = 0.0  # time.time() when the last doorbell arrived
         self.wakeup = asyncio.Event()
@@ -209,18 +210,21 @@ class Tail:
         for event_id in self.ids[:cut]:
             del self.events[event_id]
         del self.ids[:cut]
-        self.floor = max(floor, self.floor if self.floor is not None else floor)
+        self.floor = max(floor, self.floor if self.floor is not None else self.first_floor)
         return bool(new)
 
     def _read_sync(self) -> list:
         from ledger.models import Event
 
-        if self.floor is None:
+        start = self.floor
+        if start is None:
             # First read: start just behind the newest event (sockets with older cursors catch
-            # up on their own).
+            # up on their own). `floor` stays None until _read has stored these events: a socket
+            # asking meanwhile would take the empty window for "nothing there" and be sent
+            # again what its page already shows.
             self.max_id = live.latest_event_id()
-            self.floor = max(0, self.max_id - LOOKBACK_IDS)
-        after = max(self.floor, self.max_id - LOOKBACK_IDS)
+            start = self.first_floor = max(0, self.max_id - LOOKBACK_IDS)
+        after = max(start, self.max_id - LOOKBACK_IDS)
         out = []
         while True:
             batch = list(Event.objects.filter(id__gt=after).order_by("id")[:READ_LIMIT])
