@@ -95,7 +95,9 @@ def test_the_embedded_product_runs_serves_works_and_stops_cleanly(tmp_path):
                 return False
 
         wait_until(up, timeout=90, what="the login page")
-        assert "Countersign is running at" in (tmp_path / "run.log").read_text()
+        # The banner follows the server's first answer to the runner's own health check.
+        wait_until(lambda: "Countersign is running at" in (tmp_path / "run.log").read_text(), timeout=10,
+                   what="the banner")
         db = var / "countersign.sqlite3"
         confirmed_refunds = (
             "SELECT count(*) FROM ledger_operation o JOIN approvals_tool t ON o.tool_id = t.id"

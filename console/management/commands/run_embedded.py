@@ -96,3 +96,4 @@ class Command(BaseCommand):
             f"  Logs:      {logs}/\n"
             "  Ctrl-C stops everything.\n"
         )
+        self.stdout.flush()  # stdout may be a file or a pipe: the banner is for now, not at exit
