@@ -105,10 +105,25 @@ def _annotated(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySe
         .annotate(n=Count("id"))
         .values("n")[:1]
     )
-    return qs.select_related("operation__tool", "tool", "task", "tenant").annotate(
+    return qs.annotate(
         approvals_given=Coalesce(Subquery(approvals_given, output_field=IntegerField()), Value(0)),
         decided_by_me=Exists(ApprovalDecision.objects.filter(request=OuterRef("pk"), reviewer_id=user.pk)),
     )
+
+
+def _with_everything(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySet[ApprovalRequest]:
+    return _annotated(qs.select_related("operation__tool", "tool", "task", "tenant"), user)
+
+
+# What an inbox row shows (templates/approvals/_inbox_row.html) and nothing more: loading the
+# JSON of each row's request, operation, tools and task meant about 350 JSON values decoded
+# per page, a large share of the inbox's server time (bench/inbox.py).
+ROW_FIELDS = ("approval_id", "tenant", "task", "operation", "tool", "task_type", "call_id", "risk_tier",
+              "approvals_needed", "status", "expires_at", "created_at", "tool__name", "task__goal")
+
+
+def _as_rows(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySet[ApprovalRequest]:
+    return _annotated(qs.select_related("tool", "task").only(*ROW_FIELDS), user)
 
 
 def pending_in_scope(scope: ReviewerScope, *, now=None) -> QuerySet[ApprovalRequest]:
@@ -155,7 +170,7 @@ def inbox(user: AbstractBaseUser, scope: ReviewerScope, filters: InboxFilters) -
     Higher tiers than the user may decide are included; the page marks them."""
     now = timezone.now()
     qs = apply_filters(pending_in_scope(scope, now=now), filters, now=now)
-    return _annotated(qs, user).order_by(*INBOX_ORDER)
+    return _with_everything(qs, user).order_by(*INBOX_ORDER)
 
 
 def inbox_ids(scope: ReviewerScope, filters: InboxFilters) -> QuerySet:
@@ -168,14 +183,14 @@ def inbox_ids(scope: ReviewerScope, filters: InboxFilters) -> QuerySet:
 
 def inbox_rows(user: AbstractBaseUser, approval_ids: list[str]) -> list[ApprovalRequest]:
     """The annotated rows for one page of IDs, in the page's order."""
-    rows = {r.approval_id: r for r in _annotated(ApprovalRequest.objects.filter(approval_id__in=approval_ids), user)}
+    rows = {r.approval_id: r for r in _as_rows(ApprovalRequest.objects.filter(approval_id__in=approval_ids), user)}
     return [rows[i] for i in approval_ids if i in rows]
 
 
 def inbox_rows_by_id(user: AbstractBaseUser, scope: ReviewerScope, approval_ids: list[str]) -> dict[str, ApprovalRequest]:
     """The given requests (any status) as inbox rows, for the live stream."""
     qs = ApprovalRequest.objects.filter(approval_id__in=approval_ids, tenant_id__in=scope.tenant_ids)
-    return {row.approval_id: row for row in _annotated(qs, user)}
+    return {row.approval_id: row for row in _as_rows(qs, user)}
 
 
 def tier_counts(scope: ReviewerScope) -> dict[int, int]:
@@ -212,7 +227,7 @@ def filter_choices(scope: ReviewerScope) -> dict[str, list]:
 
 def approval_for_user(user: AbstractBaseUser, scope: ReviewerScope, approval_id: str) -> ApprovalRequest | None:
     qs = ApprovalRequest.objects.filter(approval_id=approval_id, tenant_id__in=scope.tenant_ids)
-    qs = _annotated(qs, user).select_related("requested_by", "operation__step")
+    qs = _with_everything(qs, user).select_related("requested_by", "operation__step")
     return qs.first()
 
 
