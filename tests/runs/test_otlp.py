@@ -6,6 +6,8 @@ import gzip
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -103,6 +105,63 @@ def test_a_span_naming_an_operation_gets_its_task_step_and_call(client, agent, o
     assert (linked.task_id, linked.step_id, linked.call_id) == (mine.task_id, "refund", "call-7")
     foreign = Span.objects.get(span_id="2222222222222222")
     assert (foreign.task_id, foreign.step_id, foreign.call_id) == (None, "", "")
+
+
+@pytest.mark.django_db
+def test_a_tool_span_naming_only_its_call_gets_the_calls_operation(client, agent, outsider_agent):
+    from tests.factories import make_operation
+
+    mine = make_operation(agent, step_id="refund", call_id="call-9")
+    theirs = make_operation(outsider_agent, step_id="refund", call_id="call-9")
+    payload = otlp_json(
+        span_json("2222222222222231", attributes={"countersign.task_id": mine.task_id, "gen_ai.tool.call.id": "call-9"}),
+        # The same call ID under another tenant's task: neither the task nor its operation is linked.
+        span_json("2222222222222232", attributes={"countersign.task_id": theirs.task_id,
+                                                  "gen_ai.tool.call.id": "call-9"}),
+    )
+    assert post(client, payload).status_code == 200
+    linked = Span.objects.get(span_id="2222222222222231")
+    assert (linked.task_id, linked.step_id, linked.operation_id) == (mine.task_id, "refund", mine.operation_id)
+    foreign = Span.objects.get(span_id="2222222222222232")
+    assert (foreign.task_id, foreign.operation_id, foreign.call_id) == (None, "", "call-9")
+
+
+@pytest.mark.django_db
+def test_out_of_range_token_counts_are_stored_as_unknown_not_a_failed_batch(client, agent):
+    payload = otlp_json(
+        span_json("4444444444444441", attributes={"gen_ai.usage.input_tokens": -5, "gen_ai.usage.output_tokens": 7}),
+        span_json("4444444444444442", attributes={"gen_ai.usage.input_tokens": 2**40,
+                                                  "gen_ai.usage.output_tokens": "many"}),
+    )
+    assert post(client, payload).status_code == 200
+    assert sorted(Span.objects.values_list("span_id", "input_tokens", "output_tokens")) == [
+        ("4444444444444441", None, 7), ("4444444444444442", None, None)]
+
+
+@pytest.mark.django_db
+def test_span_times_keep_the_microsecond(client, agent):
+    payload = otlp_json(span_json("5555555555555555", start=1_700_000_000_123_456_789, end=1_700_000_001_000_000_400))
+    assert post(client, payload).status_code == 200
+    span = Span.objects.get()
+    assert span.start_time.isoformat() == "2023-11-14T22:13:20.123457+00:00"
+    assert span.end_time.isoformat() == "2023-11-14T22:13:21+00:00"
+    assert span.duration_ms == pytest.approx(876.543611)
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the single-statement insert is PostgreSQL's")
+@pytest.mark.django_db
+def test_on_postgresql_a_batch_is_four_statements_and_one_insert_whatever_its_size(client, agent):
+    """The principal, the tenant's tasks, the calls named, then one INSERT for all the spans
+    (committed on its own: no BEGIN/COMMIT round trips)."""
+    task = task_create(principal=agent, task_type="refund", goal="g")
+    payload = otlp_json(*[span_json(f"{0x1000 + n:016x}", attributes={"gen_ai.tool.call.id": f"call-{n}"})
+                          for n in range(100)], resource={"countersign.task_id": task.task_id})
+    with CaptureQueriesContext(connection) as queries:
+        assert post(client, payload).status_code == 200
+    statements = [q["sql"].split(None, 1)[0].upper() for q in queries.captured_queries]
+    assert statements == ["SELECT", "SELECT", "SELECT", "INSERT"], statements
+    assert Span.objects.filter(task=task).count() == 100
 
 
 @pytest.mark.django_db
