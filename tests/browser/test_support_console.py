@@ -29,11 +29,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(scope="module")
 def payments() -> Iterator[SandboxProcess]:
-    proc = SandboxProcess.start("payments", hang_seconds=1, die_with_parent=True)
-    try:
+    with SandboxProcess.start("payments", hang_seconds=1, die_with_parent=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

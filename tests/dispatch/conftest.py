@@ -38,20 +38,14 @@ GRACE_SECONDS = 0.5
 
 @pytest.fixture(scope="session")
 def payments_sandbox() -> Iterator[SandboxProcess]:
-    proc = SandboxProcess.start("payments", hang_seconds=HANG_SECONDS, die_with_parent=True)
-    try:
+    with SandboxProcess.start("payments", hang_seconds=HANG_SECONDS, die_with_parent=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="session")
 def mail_sandbox() -> Iterator[SandboxProcess]:
-    proc = SandboxProcess.start("mail", hang_seconds=HANG_SECONDS, die_with_parent=True)
-    try:
+    with SandboxProcess.start("mail", hang_seconds=HANG_SECONDS, die_with_parent=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

@@ -28,20 +28,14 @@ CLIENT_TIMEOUT = 0.3
 
 @pytest.fixture(scope="module")
 def payments() -> Iterator[SandboxProcess]:
-    proc = SandboxProcess.start("payments", hang_seconds=HANG_SECONDS, die_with_parent=True)
-    try:
+    with SandboxProcess.start("payments", hang_seconds=HANG_SECONDS, die_with_parent=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
 def mail() -> Iterator[SandboxProcess]:
-    proc = SandboxProcess.start("mail", hang_seconds=HANG_SECONDS, die_with_parent=True)
-    try:
+    with SandboxProcess.start("mail", hang_seconds=HANG_SECONDS, die_with_parent=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

@@ -111,11 +111,8 @@ def leaving_events(operation: Operation) -> list[Event]:
 
 @pytest.fixture(scope="session")
 def payments_sandbox() -> Iterator[SandboxProcess]:
-    proc = SandboxProcess.start("payments", hang_seconds=1, die_with_parent=True)
-    try:
+    with SandboxProcess.start("payments", hang_seconds=1, die_with_parent=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
