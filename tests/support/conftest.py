@@ -12,25 +12,16 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from approvals.models import Tool
-from console.lib.canonical import arguments_hash, intent_hash
-from console.lib.ids import derive_operation_id
 from console.lib.transitions import record_event
 from console.models import AgentPrincipal, Role
 from ledger import services as ledger_services
-from ledger.models import Attempt, Call, Event, Fact, Operation, OperationStatus
+from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
 from ledger.sandbox.process import SandboxProcess
 from ledger.support import PROVIDER_QUERY_ENTITY
-from runs import services as run_services
+from tests import factories
 from tests.conftest import make_user
 
 S = OperationStatus
-
-ARGUMENTS: dict[str, dict[str, Any]] = {
-    "payments.refund": {"order_id": "ord-1001", "amount": 25, "currency": "EUR", "reason": "damaged"},
-    "mail.send": {"to": ["customer@example.com"], "subject": "Your refund", "body": "It is on its way."},
-    "orders.lookup": {"order_id": "ord-1001"},
-}
 
 _seq = itertools.count(1)
 
@@ -38,38 +29,23 @@ _seq = itertools.count(1)
 def make_operation(agent: AgentPrincipal, *, status: str = S.UNKNOWN, tool_name: str = "payments.refund",
                    arguments: dict[str, Any] | None = None, call_id: str | None = None,
                    task_type: str = "refund") -> Operation:
-    """A planned operation moved through the services to `status` (dispatched once, outcome
-    unknown; then escalated or marked for compensation if asked)."""
+    """An operation in a task of its own, moved through the services to `status`; the way into
+    `unknown` is a timeout as the dispatcher records it (the queue shows that error), then
+    escalated or marked for compensation if asked."""
     n = next(_seq)
-    task = run_services.task_create(principal=agent, task_type=task_type, goal=f"Refund order {n}")
-    tool = Tool.objects.get(name=tool_name)
-    arguments = dict(ARGUMENTS[tool_name] if arguments is None else arguments)
-    step = run_services.step_get_or_create(task=task, step_id=f"step-{n}")
-    call_id = call_id or f"call-{n:04d}"
-    operation_id = derive_operation_id(tenant=agent.tenant.slug, task_id=task.task_id, step_id=step.step_id,
-                                       tool=tool_name)
-    operation = Operation.objects.create(
-        operation_id=operation_id, tenant_id=agent.tenant_id, task=task, step=step, tool=tool,
-        tool_schema_version=tool.schema_version, principal=agent, call_id=call_id, arguments=arguments,
-        arguments_hash=arguments_hash(arguments),
-        intent_hash=intent_hash(tool=tool_name, arguments=arguments, principal=agent.ref),
-        idempotency_key=operation_id,
-        business_key=str(arguments.get(tool.business_key, "")) if tool.business_key else "",
-        risk_tier=tool.base_tier,
-    )
-    Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=operation.arguments_hash)
-    ledger_services.operation_created_event(operation, actor=agent.ref)
-    if status == S.PLANNED:
-        return operation
-    ledger_services.operation_authorize(operation_id=operation_id, actor="system:test")
-    if status == S.AUTHORIZED:
+    task = factories.make_task(agent, task_type=task_type, goal=f"Refund order {n}")
+    early = status in (S.PLANNED, S.AUTHORIZED)
+    operation = factories.make_operation(agent, tool_name, status=status if early else S.AUTHORIZED,
+                                         arguments=arguments, task=task, step_id=f"step-{n}",
+                                         call_id=call_id or f"call-{n:04d}")
+    if early:
         return operation
     make_unknown(operation)
     if status == S.MANUAL:
-        ledger_services.operation_escalate_manual(operation_id=operation_id, actor="system:reconciler",
+        ledger_services.operation_escalate_manual(operation_id=operation.operation_id, actor="system:reconciler",
                                                   reason="provider could not tell")
     elif status == S.COMPENSATION_REQUIRED:
-        ledger_services.operation_require_compensation(operation_id=operation_id, actor="system:test",
+        ledger_services.operation_require_compensation(operation_id=operation.operation_id, actor="system:test",
                                                        reason="must be undone")
     operation.refresh_from_db()
     assert operation.status == status
