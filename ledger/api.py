@@ -23,8 +23,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api_auth import principal_for_authorization
 from console.lib.errors import DomainError, InvalidInput
-from console.models import AgentPrincipal, hash_token
 from ledger.models import OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
 from ledger.selectors import (
@@ -187,18 +187,6 @@ def _db(fn: Callable[..., Any]) -> Callable[..., Any]:
     return sync_to_async(hop, thread_sensitive=False)
 
 
-def _authenticate(header: str) -> AgentPrincipal | None:
-    """The same rules as console.api_auth.AgentTokenAuthentication."""
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return (
-        AgentPrincipal.objects.select_related("tenant")
-        .filter(token_hash=hash_token(token.strip()), is_active=True)
-        .first()
-    )
-
-
 def _parse_wait(raw: str | None) -> float:
     if raw is None or raw == "":
         return 0.0
@@ -226,7 +214,7 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     if not header:
         return _error("unauthenticated", "Authentication credentials were not provided.",
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
-    principal = await _db(_authenticate)(header)
+    principal = await _db(principal_for_authorization)(header)
     if principal is None:
         return _error("unauthenticated", "Use 'Authorization: Bearer <token>' with a known, active agent token.",
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
