@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -45,6 +45,9 @@ CHROMIUM_ARGS = [
 ]
 VIEWPORT = {"width": 1280, "height": 800}
 DEFAULT_TIMEOUT_MS = 10_000
+# `expect` keeps its own timeout (5 s unless told): on a loaded 2-core machine a live update can
+# take longer, so assertions wait as long as actions and navigations do.
+expect.set_options(timeout=DEFAULT_TIMEOUT_MS)
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "testserver"}
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
