@@ -5,6 +5,7 @@ by an agent's bearer token. Spans are committed before the answer, so "accepted"
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,10 +56,20 @@ def _valid_id(value: str, length: int) -> bool:
 
 # --- protobuf ---------------------------------------------------------------------------------
 
+def _double(value: float) -> float | str:
+    """A double as stored: JSON (and PostgreSQL's jsonb) has no NaN or infinities, so those keep
+    the spelling proto3's JSON mapping gives them ("NaN", "Infinity", "-Infinity")."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
 def _pb_value(value: common_pb2.AnyValue) -> Any:
     kind = value.WhichOneof("value")
     if kind is None:
         return None
+    if kind == "double_value":
+        return _double(value.double_value)
     if kind == "array_value":
         return [_pb_value(v) for v in value.array_value.values]
     if kind == "kvlist_value":
@@ -104,7 +115,7 @@ def _json_value(value: dict[str, Any]) -> Any:
     if key == "intValue":
         return int(raw)
     if key == "doubleValue":
-        return float(raw)
+        return _double(float(raw))
     if key == "arrayValue":
         return [_json_value(v) for v in (raw or {}).get("values", [])]
     if key == "kvlistValue":

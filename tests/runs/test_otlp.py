@@ -139,6 +139,37 @@ def test_out_of_range_token_counts_are_stored_as_unknown_not_a_failed_batch(clie
 
 
 @pytest.mark.django_db
+def test_non_finite_doubles_are_stored_by_name_not_a_failed_batch(client, agent):
+    # Python's json reads a bare NaN; proto3's JSON mapping spells them as strings. Either way
+    # the batch is stored (PostgreSQL's jsonb refuses NaN as a number).
+    span = span_json("6666666666666666")
+    span["attributes"] = [{"key": "score", "value": {"doubleValue": "NaN"}},
+                          {"key": "limit", "value": {"doubleValue": float("inf")}},
+                          {"key": "floor", "value": {"doubleValue": "-Infinity"}},
+                          {"key": "ratio", "value": {"doubleValue": 0.5}}]
+    assert post(client, otlp_json(span)).status_code == 200
+    assert Span.objects.get().attributes == {"score": "NaN", "limit": "Infinity", "floor": "-Infinity",
+                                             "ratio": 0.5}
+
+
+@pytest.mark.django_db
+def test_non_finite_doubles_over_protobuf_are_stored_by_name(client, agent):
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes.fromhex("7777777777777777"), "x"
+    span.start_time_unix_nano, span.end_time_unix_nano = 1_700_000_000_000_000_000, 1_700_000_000_100_000_000
+    for key, value in (("score", float("nan")), ("limit", float("-inf"))):
+        attribute = span.attributes.add()
+        attribute.key, attribute.value.double_value = key, value
+    response = client.post("/v1/traces", data=request.SerializeToString(), content_type="application/x-protobuf",
+                           HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}")
+    assert response.status_code == 200
+    assert Span.objects.get().attributes == {"score": "NaN", "limit": "-Infinity"}
+
+
+@pytest.mark.django_db
 def test_span_times_keep_the_microsecond(client, agent):
     payload = otlp_json(span_json("5555555555555555", start=1_700_000_000_123_456_789, end=1_700_000_001_000_000_400))
     assert post(client, payload).status_code == 200
