@@ -111,10 +111,6 @@ def _annotated(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySe
     )
 
 
-def _with_everything(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySet[ApprovalRequest]:
-    return _annotated(qs.select_related("operation__tool", "tool", "task", "tenant"), user)
-
-
 # What an inbox row shows (templates/approvals/_inbox_row.html) and nothing more: loading the
 # JSON of each row's request, operation, tools and task meant about 350 JSON values decoded
 # per page, a large share of the inbox's server time (bench/inbox.py).
@@ -166,11 +162,11 @@ INBOX_ORDER = ("expires_at", "created_at", "approval_id")
 
 
 def inbox(user: AbstractBaseUser, scope: ReviewerScope, filters: InboxFilters) -> QuerySet[ApprovalRequest]:
-    """Pending, unexpired requests in the user's tenants, most urgent (soonest expiry) first.
-    Higher tiers than the user may decide are included; the page marks them."""
-    now = timezone.now()
-    qs = apply_filters(pending_in_scope(scope, now=now), filters, now=now)
-    return _with_everything(qs, user).order_by(*INBOX_ORDER)
+    """Pending, unexpired requests in the user's tenants, most urgent (soonest expiry) first, as
+    the page shows them (its IDs, then its rows). Higher tiers than the user may decide are
+    included; the page marks them."""
+    return _as_rows(ApprovalRequest.objects.filter(approval_id__in=inbox_ids(scope, filters)), user).order_by(
+        *INBOX_ORDER)
 
 
 def inbox_ids(scope: ReviewerScope, filters: InboxFilters) -> QuerySet:
@@ -227,7 +223,8 @@ def filter_choices(scope: ReviewerScope) -> dict[str, list]:
 
 def approval_for_user(user: AbstractBaseUser, scope: ReviewerScope, approval_id: str) -> ApprovalRequest | None:
     qs = ApprovalRequest.objects.filter(approval_id=approval_id, tenant_id__in=scope.tenant_ids)
-    qs = _with_everything(qs, user).select_related("requested_by", "operation__step")
+    qs = _annotated(qs, user).select_related("operation__tool", "operation__step", "tool", "task", "tenant",
+                                             "requested_by")
     return qs.first()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 import uuid
 
 import psycopg
@@ -15,6 +14,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from console.lib.procs import wait_until
 from ledger.chaos.pgproxy import ProxyControl
 
 pytestmark = [
@@ -68,6 +68,14 @@ def test_a_commit_cut_by_the_proxy_fails_for_the_client_and_lands_only_if_forwar
     assert committed(value) is lands
 
 
+def accepts_connections(dsn: str) -> bool:
+    try:
+        psycopg.connect(dsn).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
 def test_other_transactions_pass_and_a_restart_refuses_new_connections_for_a_while(proxy):
     dsn, control = proxy
     insert_and_commit(dsn, "unrelated")  # no rule armed
@@ -79,6 +87,6 @@ def test_other_transactions_pass_and_a_restart_refuses_new_connections_for_a_whi
         psycopg.connect(dsn)
     with pytest.raises(psycopg.OperationalError):  # severed with the rest, as by a restart
         bystander.execute("SELECT 1")
-    time.sleep(1.1)
+    wait_until(lambda: accepts_connections(dsn), timeout=10, what="the proxy to accept connections again")
     insert_and_commit(dsn, "after")
     assert committed("unrelated") and committed("target") and committed("after")
