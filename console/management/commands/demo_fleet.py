@@ -46,11 +46,13 @@ def make_tracer(url: str, token: str):
 
 
 class FleetAgent:
-    def __init__(self, client: httpx.Client, name: str, log, tracer=None) -> None:
+    def __init__(self, client: httpx.Client, name: str, log, tracer=None, waiting_for_person=None) -> None:
         self.client = client
         self.name = name
         self.log = log
         self.tracer = tracer
+        # Called when a call waits for a reviewer: the fleet lets another task start meanwhile.
+        self.waiting_for_person = waiting_for_person or (lambda: None)
 
     def think(self, task_id: str, step_id: str, prompt_tokens: int) -> None:
         """A stand-in for the model call that decides the next step."""
@@ -142,6 +144,8 @@ class FleetAgent:
         answer = self.propose(task_id, {**call, "expected_version": version, "fencing_token": token})
         if answer.get("decision") == "refused":
             return f"{scenario}: refused"
+        if answer.get("decision") == "awaiting_approval":
+            self.waiting_for_person()
         final = self.wait(answer["call_id"], task_id)
         current = self.client.get(f"/api/v1/tasks/{task_id}").json()
         version = current["version"]
@@ -177,27 +181,40 @@ class Command(BaseCommand):
         parser.add_argument("--url", default=f"http://127.0.0.1:{settings.PORT}")
         parser.add_argument("--token", default=settings.DEMO_AGENT_TOKEN)
         parser.add_argument("--interval", type=float, default=4.0, help="Seconds between new tasks.")
-        parser.add_argument("--agents", type=int, default=6, help="Tasks in flight at most.")
+        parser.add_argument("--agents", type=int, default=6, help="Tasks at work at most.")
+        parser.add_argument("--waiting", type=int, default=30,
+                            help="Tasks waiting for a reviewer at most (they do not hold an agent's place).")
         parser.add_argument("--count", type=int, default=0, help="Stop after this many tasks (0: run forever).")
 
-    def handle(self, *args, url: str, token: str, interval: float, agents: int, count: int, **options):
+    def handle(self, *args, url: str, token: str, interval: float, agents: int, waiting: int, count: int,
+               **options):
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         provider, tracer = make_tracer(url, token)
+        # A task waiting for a reviewer gives its place to a new one (up to --waiting of them):
+        # nobody approving in a fresh `make run` must not stop the fleet after a few tasks.
         slots = threading.BoundedSemaphore(agents)
+        waiting_places = threading.BoundedSemaphore(waiting)
         started = 0
 
         def one(n: int, scenario: str) -> None:
+            place = [slots]
+
+            def waiting_for_person() -> None:
+                if place[0] is slots and waiting_places.acquire(blocking=False):
+                    place[0] = waiting_places
+                    slots.release()
+
             try:
-                result = FleetAgent(client, f"fleet-{n}", self.stdout.write, tracer).run(scenario)
-                self.stdout.write(f"[fleet] task {n} {result}")
+                agent = FleetAgent(client, f"fleet-{n}", self.stdout.write, tracer, waiting_for_person)
+                self.stdout.write(f"[fleet] task {n} {agent.run(scenario)}")
             except Exception as exc:  # keep the fleet going; the error is printed, not swallowed
                 self.stderr.write(f"[fleet] task {n} {scenario} stopped: {exc}")
             finally:
-                slots.release()
+                place[0].release()
 
         weighted = [s for w, s in SCENARIOS for _ in range(w)]
         try:
-            with ThreadPoolExecutor(max_workers=agents) as pool:
+            with ThreadPoolExecutor(max_workers=agents + waiting) as pool:
                 while not count or started < count:
                     slots.acquire()
                     started += 1
