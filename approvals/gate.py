@@ -19,6 +19,8 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from approvals.catalog import Catalog
+from approvals.catalog import current as current_catalog
 from approvals.models import EscalationRule, PolicyTier, Tool
 from console.lib.canonical import arguments_hash
 from console.lib.errors import InvalidInput, NotPermitted
@@ -73,21 +75,26 @@ class GateResult:
         return self.decision == APPROVAL
 
 
-def evaluate(*, principal: AgentPrincipal, task: Task, tool: Tool, arguments: dict[str, Any]) -> GateResult:
+def evaluate(*, principal: AgentPrincipal, task: Task, tool: Tool, arguments: dict[str, Any],
+             catalog: Catalog | None = None) -> GateResult:
+    catalog = catalog or current_catalog()
     args_hash = validate_arguments(tool=tool, arguments=arguments)
-    authorize(principal=principal, task=task, tool=tool)
-    return decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash)
+    authorize(principal=principal, task=task, tool=tool, catalog=catalog)
+    return decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=catalog)
 
 
-def decide(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str) -> GateResult:
+def decide(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str,
+           catalog: Catalog | None = None) -> GateResult:
     """Budgets, risk tier and policy, for arguments already validated (`validate_arguments`)
-    and a principal already authorized (`authorize`): the rest of `evaluate`."""
+    and a principal already authorized (`authorize`): the rest of `evaluate`. `catalog`: the
+    configuration read under the caller's generation token (default: the current one)."""
+    catalog = catalog or current_catalog()
     refusals, exhausted = check_budgets(task=task, tool=tool, arguments=arguments)
     if refusals:
         return GateResult(decision=REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),
                           exhausted_budgets=tuple(exhausted))
-    tier, reasons = risk_tier(tool=tool, task=task, arguments=arguments)
-    policy = PolicyTier.objects.filter(level=tier).first()
+    tier, reasons = risk_tier(tool=tool, task=task, arguments=arguments, catalog=catalog)
+    policy = catalog.tier(tier)
     if policy is None:
         # Fail closed: a tier nobody configured is not a tier anybody may run.
         return GateResult(decision=REFUSED, arguments_hash=args_hash, risk_tier=tier,
@@ -145,12 +152,12 @@ def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
 
 # --- 2. authorization -----------------------------------------------------------------------
 
-def authorize(*, principal: AgentPrincipal, task: Task, tool: Tool) -> None:
+def authorize(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
     if not principal.is_active or task.tenant_id != principal.tenant_id:
         raise NotPermitted("This principal may not act on this task.", details={"task_id": task.task_id})
     if not tool.enabled:
         raise NotPermitted(f"The tool {tool.name} is disabled.", details={"tool": tool.name})
-    if not principal.allowed_tools.filter(pk=tool.pk).exists():
+    if tool.pk not in (catalog or current_catalog()).allowed_tool_ids(principal.pk):
         raise NotPermitted(f"{principal.ref} may not use {tool.name}.", details={"tool": tool.name})
 
 
@@ -287,11 +294,13 @@ def _show(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def risk_tier(*, tool: Tool, task: Task | None, arguments: dict[str, Any]) -> tuple[int, list[str]]:
+def risk_tier(*, tool: Tool, task: Task | None, arguments: dict[str, Any],
+              catalog: Catalog | None = None) -> tuple[int, list[str]]:
     """The tool's base tier raised — never lowered — by every matching rule, with reasons."""
+    catalog = catalog or current_catalog()
     tier = tool.base_tier
     reasons = [f"{tool.name}: base tier L{tool.base_tier}" + (" (preview)" if tool.has_preview else "")]
-    for rule in tool.escalation_rules.order_by("tier", "id"):
+    for rule in catalog.rules(tool):
         matched, actual = rule_matches(rule, arguments)
         if not matched:
             continue
@@ -302,7 +311,7 @@ def risk_tier(*, tool: Tool, task: Task | None, arguments: dict[str, Any]) -> tu
     threshold = (task.constraints or {}).get("approval_threshold") if task is not None else None
     amount = call_amount(tool, arguments)
     if _is_number(threshold) and amount and amount > Decimal(str(threshold)):
-        floor = _lowest_approval_tier()
+        floor = _lowest_approval_tier(catalog)
         if floor is not None:
             effect = f"L{floor}" if floor > tier else f"L{floor} (tier stays L{tier})"
             reasons.append(f"amount {_num(amount)} > task approval_threshold {_show(threshold)} → {effect}")
@@ -310,8 +319,6 @@ def risk_tier(*, tool: Tool, task: Task | None, arguments: dict[str, Any]) -> tu
     return tier, reasons
 
 
-def _lowest_approval_tier() -> int | None:
-    return (
-        PolicyTier.objects.filter(requirement__in=(R.ONE_APPROVAL, R.TWO_APPROVALS))
-        .order_by("level").values_list("level", flat=True).first()
-    )
+def _lowest_approval_tier(catalog: Catalog) -> int | None:
+    levels = [level for level, tier in catalog.tiers().items() if tier.requirement in (R.ONE_APPROVAL, R.TWO_APPROVALS)]
+    return min(levels, default=None)

@@ -265,3 +265,15 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.approval_id} → {self.channel} ({self.status})"
+
+
+class PolicyGeneration(models.Model):
+    """One row whose token names the current configuration of tools, escalation rules, policy
+    tiers and agents' allowed tools. Database triggers (migration 0007) write a new random token
+    whenever any of them changes; `approvals.catalog` caches the gate's reads by it."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    token = models.CharField(max_length=32)
+
+    def __str__(self) -> str:
+        return self.token

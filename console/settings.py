@@ -124,8 +124,15 @@ else:
     # that had opened a pool would hand its sockets and dead pool threads to every child.
     # With the pool, CONN_HEALTH_CHECKS checks a connection as it leaves the pool.
     DATABASE_POOL = env_int("DATABASE_POOL", 0, minimum=0)
+    DATABASES["default"]["OPTIONS"] = {
+        # Server-side prepared statements after this many runs on a connection, for the ledger's
+        # hand-written hot-path statements only (console/lib/sql.py binds them on the server;
+        # the ORM binds on the client and never prepares). 0 turns it off: behind a
+        # transaction-pooling PgBouncer older than 1.21, which cannot keep them.
+        "prepare_threshold": env_int("DATABASE_PREPARE_THRESHOLD", 2, minimum=0) or None,
+    }
     if DATABASE_POOL:
-        DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 1, "max_size": DATABASE_POOL, "timeout": 30}}
+        DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL, "timeout": 30}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

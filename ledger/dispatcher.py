@@ -10,6 +10,8 @@ not the message, decides whether there is anything to do.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -22,15 +24,16 @@ from django.utils import timezone
 from approvals import services as approval_services
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
 from console.access import reviewer_max_tier
+from console.lib import sql
 from console.lib.locks import lock_name
 from console.tracing import tracer
 from ledger import services
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.chaos.seams import seam
-from ledger.models import Attempt, Fact, Operation, OperationStatus
-from ledger.retry import backoff_delay, circuit_open_until, retry_budget_left
-from runs.models import TASK_TERMINAL
+from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
+from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
+from runs.models import TASK_TERMINAL, Task
 
 logger = logging.getLogger(__name__)
 S = OperationStatus
@@ -80,9 +83,10 @@ def _claim(operation_id: str, *, worker: str):
     or a string naming why there is nothing to do."""
     now = timezone.now()
     with transaction.atomic():
-        operation = Operation.objects.select_for_update().select_related("tool", "task").filter(pk=operation_id).first()
-        if operation is None:
+        claimed = _lock_for_claim(operation_id)
+        if claimed is None:
             return "missing"
+        operation, circuit_until, in_flight = claimed
         if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
@@ -99,7 +103,7 @@ def _claim(operation_id: str, *, worker: str):
                 return f"failed:{stop}"
             if operation.not_before and operation.not_before > now:
                 return Deferred("backoff", (operation.not_before - now).total_seconds(), tool.queue)
-        reopen = circuit_open_until(tool, now=now)
+        reopen = circuit_still_open(tool, circuit_until, now=now)
         if reopen:
             return Deferred("circuit_open", (reopen - now).total_seconds(), tool.queue)
         # Mutual exclusion: two operations on one business object (one order's refunds) never
@@ -113,7 +117,6 @@ def _claim(operation_id: str, *, worker: str):
                                             status__in=[S.DISPATCHED, S.UNKNOWN])
             if busy.exclude(pk=operation_id).exists():
                 return Deferred("business_key_busy", 0.5, tool.queue)
-        in_flight = Operation.objects.filter(tenant_id=operation.tenant_id, status=S.DISPATCHED).count()
         if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
             return Deferred("tenant_limit", 0.5, tool.queue)
         if approval is not None:
@@ -123,6 +126,37 @@ def _claim(operation_id: str, *, worker: str):
         # The row locked above, with its tool: no second lock, no lazy load before the provider call.
         return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline,
                                            locked=operation)
+
+
+def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int] | None:
+    """The operation locked, with its tool and task, the circuit breaker's stored verdict and
+    the tenant's operations in flight: one statement (the claim runs for every dispatch)."""
+    connection = sql.connection_for(Operation)
+    row = sql.fetchone(connection, _claim_sql(connection.vendor), [S.DISPATCHED, operation_id])
+    if row is None:
+        return None
+    at = itertools.accumulate((sql.width(m) for m in (Operation, Tool, Task)), initial=0)
+    operation, tool, task, circuit = (sql.load(model, row, start, connection=connection)
+                                      for model, start in zip((Operation, Tool, Task, ToolCircuit), at, strict=True))
+    sql.attach(operation, "tool", tool)
+    sql.attach(operation, "task", task)
+    return operation, circuit.open_until if circuit else None, row[-1]
+
+
+@functools.cache
+def _claim_sql(vendor: str) -> str:
+    tables = {model: model._meta.db_table for model in (Operation, Tool, Task, ToolCircuit)}
+    connection = sql.connection_for(Operation)
+    return (
+        f"SELECT {sql.columns(Operation, 'o')}, {sql.columns(Tool, 't')}, {sql.columns(Task, 'k')}, "
+        f"{sql.columns(ToolCircuit, 'c')}, "
+        f"(SELECT COUNT(*) FROM {tables[Operation]} f WHERE f.tenant_id = o.tenant_id AND f.status = %s) "
+        f"FROM {tables[Operation]} o "
+        f"JOIN {tables[Tool]} t ON t.id = o.tool_id "
+        f"JOIN {tables[Task]} k ON k.task_id = o.task_id "
+        f"LEFT JOIN {tables[ToolCircuit]} c ON c.tool_id = o.tool_id "
+        f"WHERE o.operation_id = %s{sql.for_update(connection, of='o')}"
+    )
 
 
 def _approved_request(operation: Operation) -> ApprovalRequest | None:
@@ -192,8 +226,8 @@ def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int
     with tracer.start_as_current_span("provider.call", attributes=attributes) as span:
         # Client-side fencing: a worker that stalled after its claim (GC pause, SIGSTOP) may
         # have been declared lost and replaced; it must not send once its token is stale.
-        if not Operation.objects.filter(pk=operation.pk, status=S.DISPATCHED,
-                                        fencing_token=attempt.fencing_token).exists():
+        if sql.fetchone(sql.connection_for(Operation), _STILL_MINE_SQL,
+                        [operation.pk, S.DISPATCHED, attempt.fencing_token]) is None:
             span.set_attribute("countersign.fenced", True)
             return not_sent("fenced", transport="none", code="stale_token",
                             raw={"fencing_token": attempt.fencing_token}), 0
@@ -211,6 +245,10 @@ def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int
             outcome = adapter.execute(operation.arguments, key=operation.idempotency_key, timeout=tool.timeout_seconds)
         span.set_attribute("countersign.fact", outcome.fact)
     return outcome, int((time.monotonic() - started) * 1000)
+
+
+_STILL_MINE_SQL = (f"SELECT 1 FROM {Operation._meta.db_table} "
+                   "WHERE operation_id = %s AND status = %s AND fencing_token = %s")
 
 
 def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms: int) -> str:

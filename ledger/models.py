@@ -182,3 +182,20 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation_id}#{self.number}"
+
+
+class ToolCircuit(models.Model):
+    """The circuit breaker's last verdict for a tool: open until `open_until`.
+
+    Written when a transient failure is recorded (`ledger.retry.circuit_note_failure`), read by
+    every claim together with its operation. Counting the last window of attempts on every
+    dispatch made each claim cost more the busier the tool was; the count now runs only when a
+    transient failure lands, and again at a claim while the stored verdict says open (so the
+    circuit closes as soon as the window says so, e.g. after the cooldown)."""
+
+    tool = models.OneToOneField("approvals.Tool", on_delete=models.CASCADE, primary_key=True, related_name="circuit")
+    open_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.tool_id}: open until {self.open_until}" if self.open_until else f"{self.tool_id}: closed"

@@ -18,21 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
 import rfc8785
-from django.db import IntegrityError, connections, router, transaction
-from django.db.models import F
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals import gate
+from approvals import catalog, gate
 from approvals import services as approval_services
 from approvals.models import Tool
+from console.lib import sql
 from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
 from console.lib.ids import derive_operation_id
 from console.lib.transitions import record_event
-from console.models import AgentPrincipal
+from console.models import AgentPrincipal, Tenant
 from console.tracing import tracer
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
@@ -88,13 +89,35 @@ def call_propose(
         raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} characters.", details={"call_id": call_id})
     if not isinstance(step_id, str) or not 0 < len(step_id) <= MAX_STEP_ID:
         raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
-    args_hash = gate.canonical_arguments_hash(arguments)
-    with transaction.atomic():
-        task, lease = _lock_task(principal=principal, task_id=task_id)
+    proposal = dict(principal=principal, task_id=task_id, call_id=call_id, step_id=step_id, tool_name=tool_name,
+                    arguments=arguments, expected_version=expected_version, fencing_token=fencing_token,
+                    args_hash=gate.canonical_arguments_hash(arguments))
+    try:
+        return _propose(**proposal)
+    except _LostRace:
+        # Another writer inserted this call or operation after our reads (the task lock keeps
+        # agents out, not a compensation): everything was rolled back, and the second pass
+        # finds the ledger's row and answers from it.
+        return _propose(**proposal)
 
-        call = _call(task, call_id)
-        if call is not None:
-            return _repeat(call, task=task, step_id=step_id, tool_name=tool_name, args_hash=args_hash)
+
+class _LostRace(Exception):
+    pass
+
+
+def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: str, tool_name: str,
+             arguments: dict[str, Any], expected_version: int, fencing_token: int | None, args_hash: str) -> Proposal:
+    # The ID a new operation would have: the tool is named by the request, and the task is
+    # looked up in the principal's tenant only.
+    operation_id = derive_operation_id(tenant=principal.tenant.slug, task_id=task_id, step_id=step_id,
+                                       tool=tool_name)
+    with transaction.atomic():
+        task, lease, known_call, known_operation, policy = _lock_task(
+            principal=principal, task_id=task_id, call_id=call_id, operation_id=operation_id)
+
+        if known_call:
+            return _repeat(_call(task, call_id), task=task, step_id=step_id, tool_name=tool_name,
+                           args_hash=args_hash)
 
         run_services.check_fencing_token(task, fencing_token, locked_lease=lease)
         if task.version != expected_version:
@@ -107,21 +130,18 @@ def call_propose(
                 f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
                 details={"task_id": task.task_id, "status": task.status},
             )
-        tool = Tool.objects.filter(name=tool_name).first()
+        tool = policy.tool(tool_name)
         if tool is None:
             raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
         # Validated and authorized once, here: `gate.decide` below does the rest of the gate.
         gate.validate_arguments(tool=tool, arguments=arguments)
-        gate.authorize(principal=principal, task=task, tool=tool)
+        gate.authorize(principal=principal, task=task, tool=tool, catalog=policy)
 
-        operation_id = derive_operation_id(
-            tenant=task.tenant.slug, task_id=task.task_id, step_id=step_id, tool=tool.name
-        )
         intent = intent_hash(tool=tool.name, arguments=arguments, principal=principal.ref)
-        existing = Operation.objects.select_related("tool", "step").filter(pk=operation_id).first()
-        if existing is not None:
+        if known_operation:
             # Checked before the budgets: a regenerated call for a step already in the ledger
             # spends nothing, so a spent budget must not refuse it.
+            existing = Operation.objects.select_related("tool", "step").get(pk=operation_id)
             return _regenerated(existing, principal=principal, task=task, call_id=call_id,
                                 intent=intent, args_hash=args_hash)
 
@@ -129,46 +149,46 @@ def call_propose(
                 "countersign.task_id": task.task_id, "countersign.step_id": step_id,
                 "countersign.operation_id": operation_id, "gen_ai.tool.call.id": call_id,
                 "gen_ai.tool.name": tool.name}) as span:
-            result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash)
+            result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
             span.set_attributes({"countersign.decision": result.decision, "countersign.risk_tier": result.risk_tier})
         if result.refused:
             return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool)
 
         runs_at_once = not result.needs_approval
         step = _step_get_or_create(task, step_id)
-        try:
-            with transaction.atomic():
-                operation = Operation.objects.create(
-                    operation_id=operation_id,
-                    tenant_id=task.tenant_id,
-                    task=task,
-                    step=step,
-                    tool=tool,
-                    tool_schema_version=tool.schema_version,
-                    principal=principal,
-                    call_id=call_id,
-                    arguments=arguments,
-                    arguments_hash=args_hash,
-                    intent_hash=intent,
-                    idempotency_key=_idempotency_key(tool, task, arguments, operation_id),
-                    business_key=_business_key(tool, arguments),
-                    risk_tier=result.risk_tier,
-                    # A call the gate runs at once is inserted authorized (its two events below).
-                    status=OperationStatus.AUTHORIZED if runs_at_once else OperationStatus.PLANNED,
-                    needs_approval=not runs_at_once,
-                )
-                Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=args_hash)
-        except IntegrityError:
-            # Only reachable if a writer got past the task lock (it should not): whoever won,
-            # the ledger's row is the answer.
-            call = _call(task, call_id)
-            if call is not None:
-                return _repeat(call, task=task, step_id=step_id, tool_name=tool_name, args_hash=args_hash)
-            existing = Operation.objects.select_related("tool", "step").filter(pk=operation_id).first()
-            if existing is None:
-                raise
-            return _regenerated(existing, principal=principal, task=task, call_id=call_id,
-                                intent=intent, args_hash=args_hash)
+        now = timezone.now()
+        operation = Operation(
+            operation_id=operation_id,
+            tenant_id=task.tenant_id,
+            task=task,
+            step=step,
+            tool=tool,
+            tool_schema_version=tool.schema_version,
+            principal=principal,
+            call_id=call_id,
+            arguments=arguments,
+            arguments_hash=args_hash,
+            intent_hash=intent,
+            idempotency_key=_idempotency_key(tool, task, arguments, operation_id),
+            business_key=_business_key(tool, arguments),
+            risk_tier=result.risk_tier,
+            # A call the gate runs at once is inserted authorized (its two events below).
+            status=OperationStatus.AUTHORIZED if runs_at_once else OperationStatus.PLANNED,
+            needs_approval=not runs_at_once,
+            created_at=now,
+            updated_at=now,
+        )
+        # The call first: its foreign key to the operation is checked at commit. ON CONFLICT
+        # DO NOTHING instead of a savepoint: a row another writer got in first means that
+        # writer's row is the answer (`_LostRace` rolls this transaction back).
+        if not sql.insert(Call, [{"task": task, "call_id": call_id, "operation_id": operation_id,
+                                  "arguments_hash": args_hash, "created_at": now}],
+                          returning=("id",), ignore_conflicts=True):
+            raise _LostRace
+        if not sql.insert(Operation, [sql.values_of(operation)], returning=("operation_id",),
+                          ignore_conflicts=True):
+            raise _LostRace
+        operation._state.adding = False
 
         _spend_budget(task, tool, arguments)
         if runs_at_once:
@@ -203,40 +223,56 @@ def call_propose(
         )
 
 
-def _lock_task(*, principal: AgentPrincipal, task_id: str) -> tuple[Task, Lease | None]:
-    """The task (of the principal's tenant) and its lease, both locked.
+def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,
+               operation_id: str) -> tuple[Task, Lease | None, bool, bool, catalog.Catalog]:
+    """The task (of the principal's tenant) and its lease, both locked, whether the call and
+    the operation are already in the ledger, and the gate's configuration as of this
+    transaction (by its generation token): two statements.
 
     Lock order lease → task, the order task_transition takes them in (it locks the lease, then
     updates the task row): the other order could deadlock against it on PostgreSQL. Holding the
     task row serializes every proposal of the task, so a repeat and its original never both
     miss each other. On SQLite the IMMEDIATE transaction already serializes.
     """
-    lease = (Lease.objects.select_for_update(of=("self",))
-             .filter(task_id=task_id, task__tenant_id=principal.tenant_id).first())
-    task = (Task.objects.select_for_update(of=("self",)).select_related("tenant")
-            .filter(task_id=task_id, tenant_id=principal.tenant_id).first())
-    if task is None:
+    connection = sql.connection_for(Task)
+    lease_row = sql.fetchone(connection, _lease_sql(connection.vendor), [task_id, principal.tenant_id])
+    row = sql.fetchone(connection, _task_sql(connection.vendor), [call_id, operation_id, task_id, principal.tenant_id])
+    if row is None:
         raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
-    return task, lease
+    task = sql.load(Task, row, connection=connection)
+    sql.attach(task, "tenant", sql.load(Tenant, row, sql.width(Task), connection=connection))
+    lease = sql.load(Lease, lease_row, connection=connection) if lease_row is not None else None
+    return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1])
+
+
+@cache
+def _lease_sql(vendor: str) -> str:
+    connection = sql.connection_for(Lease)
+    return (f"SELECT {sql.columns(Lease, 'l')} FROM {Lease._meta.db_table} l "
+            f"JOIN {Task._meta.db_table} t ON t.task_id = l.task_id "
+            f"WHERE l.task_id = %s AND t.tenant_id = %s{sql.for_update(connection, of='l')}")
+
+
+@cache
+def _task_sql(vendor: str) -> str:
+    connection = sql.connection_for(Task)
+    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, "
+            f"(SELECT c.id FROM {Call._meta.db_table} c WHERE c.task_id = t.task_id AND c.call_id = %s), "
+            f"(SELECT o.operation_id FROM {Operation._meta.db_table} o WHERE o.operation_id = %s), "
+            f"{catalog.token_subquery()} "
+            f"FROM {Task._meta.db_table} t JOIN {Tenant._meta.db_table} n ON n.id = t.tenant_id "
+            f"WHERE t.task_id = %s AND t.tenant_id = %s{sql.for_update(connection, of='t')}")
 
 
 def _step_get_or_create(task: Task, step_id: str) -> Step:
     """The step, inserted if new, without a savepoint: ON CONFLICT DO NOTHING cannot abort the
     transaction (compensations add steps to a task without holding its row)."""
     created_at = timezone.now()
-    meta = Step._meta
-    conn = connections[router.db_for_write(Step)]
-    columns = ", ".join(conn.ops.quote_name(meta.get_field(name).column) for name in ("task", "step_id", "created_at"))
-    with conn.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {conn.ops.quote_name(meta.db_table)} ({columns}) VALUES (%s, %s, %s) "
-            f"ON CONFLICT DO NOTHING RETURNING {conn.ops.quote_name(meta.pk.column)}",
-            [task.pk, step_id, meta.get_field("created_at").get_db_prep_value(created_at, conn)],
-        )
-        row = cursor.fetchone()
-    if row is None:
+    rows = sql.insert(Step, [{"task": task, "step_id": step_id, "created_at": created_at}],
+                      returning=("id",), ignore_conflicts=True)
+    if not rows:
         return Step.objects.get(task=task, step_id=step_id)
-    return Step(pk=row[0], task=task, step_id=step_id, created_at=created_at)
+    return Step(pk=rows[0][0], task=task, step_id=step_id, created_at=created_at)
 
 
 def _call(task: Task, call_id: str) -> Call | None:
@@ -321,12 +357,13 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
 
 def _spend_budget(task: Task, tool: Tool, arguments: dict[str, Any]) -> None:
     """Budgets are spent when the operation is created (reserved), whatever a reviewer decides.
-    The task row is locked, so the new counts are the ones read plus this call's: no re-read."""
+    The task row is locked, so the new counts are the ones read plus this call's: written as
+    such, no re-read."""
     writes = 1 if tool.kind == Tool.Kind.WRITE else 0
     amount = gate.call_amount(tool, arguments)
-    Task.objects.filter(pk=task.pk).update(
-        calls_used=F("calls_used") + 1, writes_used=F("writes_used") + writes, amount_used=F("amount_used") + amount,
-    )
+    sql.update(Task, where={"task_id": task.pk}, values={
+        "calls_used": task.calls_used + 1, "writes_used": task.writes_used + writes,
+        "amount_used": task.amount_used + amount})
     task.calls_used += 1
     task.writes_used += writes
     task.amount_used += amount

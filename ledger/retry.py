@@ -11,7 +11,7 @@ from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from approvals.models import Tool
-from ledger.models import Attempt, Fact
+from ledger.models import Attempt, Fact, ToolCircuit
 
 TRANSIENT_ERRORS = ("timeout", "unavailable", "connect", "server_error", "reset", "rate_limited")
 
@@ -56,3 +56,33 @@ def circuit_open_until(tool: Tool, *, now=None):
         return None
     reopen = stats["last_failure"] + timedelta(seconds=settings.CIRCUIT_COOLDOWN_SECONDS)
     return reopen if reopen > now else None
+
+
+def is_transient_failure(fact: str, error_class: str) -> bool:
+    """An outcome the circuit breaker counts against its tool."""
+    return fact in (Fact.UNKNOWN, Fact.NOT_SENT) and error_class in TRANSIENT_ERRORS
+
+
+def circuit_store(tool_id: int, open_until) -> None:
+    """Keep the breaker's verdict where the claim reads it (one upsert, no row lock held)."""
+    ToolCircuit.objects.bulk_create(
+        [ToolCircuit(tool_id=tool_id, open_until=open_until, updated_at=timezone.now())],
+        update_conflicts=True, unique_fields=["tool"], update_fields=["open_until", "updated_at"],
+    )
+
+
+def circuit_note_failure(tool: Tool) -> None:
+    """After a transient failure is recorded: count the window and store the verdict, open or not."""
+    circuit_store(tool.pk, circuit_open_until(tool))
+
+
+def circuit_still_open(tool: Tool, stored_until, *, now):
+    """At a claim: None when the stored verdict is closed or lapsed (the common case, no query).
+    Otherwise the window is counted again (successes since, a cooldown run out) and the fresh
+    verdict stored; it returns when the circuit may close, or None."""
+    if stored_until is None or stored_until <= now:
+        return None
+    reopen = circuit_open_until(tool, now=now)
+    if reopen != stored_until:
+        circuit_store(tool.pk, reopen)
+    return reopen

@@ -12,9 +12,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from console.lib import sql
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
 from ledger.models import Attempt, Fact, Operation, OperationStatus
+from ledger.retry import circuit_note_failure, is_transient_failure
 
 S = OperationStatus
 
@@ -92,8 +94,16 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
             guard={"fencing_token": operation.fencing_token, "attempt_count": operation.attempt_count},
             changes={"fencing_token": token, "attempt_count": number, "dispatch_deadline": deadline},
         )
-        attempt = Attempt.objects.create(operation=operation, number=number, fencing_token=token, worker=worker)
+        attempt = Attempt(operation=operation, number=number, fencing_token=token, worker=worker,
+                          started_at=timezone.now())
+        [(attempt.pk,)] = sql.insert(Attempt, [{name: getattr(attempt, name) for name in _ATTEMPT_COLUMNS}],
+                                     returning=("id",))
+        attempt._state.adding = False
     return operation, attempt
+
+
+_ATTEMPT_COLUMNS = ("operation_id", "number", "fencing_token", "worker", "started_at", "finished_at", "fact",
+                    "error_class", "error_code", "raw_response", "latency_ms", "stale")
 
 
 _OUTCOME_STATUS = {
@@ -147,6 +157,18 @@ def operation_record_outcome(
         changes["not_before"] = retry_at
     attempt_fields = {"finished_at": now, "fact": fact, "error_class": error_class[:64],
                       "error_code": str(error_code)[:64], "raw_response": raw_response, "latency_ms": latency_ms}
+    recorded = _record_outcome(operation_id, operation, attempt_number=attempt_number, fencing_token=fencing_token,
+                               fact=fact, to=to, changes=changes, attempt_fields=attempt_fields,
+                               error_class=error_class, error_code=error_code, worker=worker)
+    if is_transient_failure(fact, error_class):
+        # After the commit, so the count sees this attempt; a stale result counts as well.
+        circuit_note_failure(recorded[0].tool)
+    return recorded
+
+
+def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_number: int, fencing_token: int,
+                    fact: str, to: str, changes: dict[str, Any], attempt_fields: dict[str, Any], error_class: str,
+                    error_code: str, worker: str) -> tuple[Operation, bool]:
     with transaction.atomic():
         if operation is None:
             operation = _get(operation_id)
@@ -165,8 +187,8 @@ def operation_record_outcome(
             except Conflict:
                 pass
             else:
-                Attempt.objects.filter(operation_id=operation_id, number=attempt_number).update(
-                    stale=False, **attempt_fields)
+                sql.update(Attempt, where={"operation_id": operation_id, "number": attempt_number},
+                           values={"stale": False, **attempt_fields})
                 return operation, True
         attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
         operation = _get(operation_id, lock=True)

@@ -7,6 +7,7 @@ Models that move through states declare `TRANSITIONS` (status → allowed next s
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from django.db import connections, models, router, transaction
@@ -14,6 +15,7 @@ from django.db.models import Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+from console.lib import sql
 from console.lib.errors import Conflict, IllegalTransition
 
 
@@ -43,13 +45,22 @@ def event_row(
     )
 
 
+EVENT_COLUMNS = ("tenant_id", "entity", "entity_id", "from_status", "to_status", "actor", "reason", "evidence",
+                 "created_at")
+
+
 def record_events(rows: list) -> list:
     """Append event rows built by `event_row` in one statement (inside the caller's transaction)."""
     from console.live import ring_doorbell_on_commit
     from ledger.models import Event
 
     ring_doorbell_on_commit()
-    return Event.objects.bulk_create(rows)
+    ids = sql.insert(Event, [{name: getattr(row, name) for name in EVENT_COLUMNS} for row in rows],
+                     returning=("id",))
+    for row, (pk,) in zip(rows, ids, strict=True):
+        row.pk = pk
+        row._state.adding = False
+    return rows
 
 
 def record_event(**fields: Any):
@@ -84,7 +95,7 @@ def transition(
             details={"entity": model.EVENT_ENTITY, "id": str(obj.pk), "from": current, "to": to},
         )
     values = {"status": to, **(changes or {})}
-    if any(f.name == "updated_at" for f in model._meta.fields):
+    if _has_updated_at(model):
         values.setdefault("updated_at", timezone.now())
     computed = [field for field, value in values.items() if hasattr(value, "resolve_expression")]
     filters = {"pk": obj.pk, "status": current, **(guard or {})}
@@ -92,25 +103,25 @@ def transition(
     # transaction, and a lost compare-and-set writes nothing, so the Conflict is raised after
     # the block and leaves the caller's transaction usable. A failed event insert still aborts
     # the whole transaction: the status never moves without its event row.
+    from console.live import ring_doorbell_on_commit
+    from ledger.models import Event
+
+    event = {"tenant_id": getattr(obj, "tenant_id", None), "entity": model.EVENT_ENTITY, "entity_id": str(obj.pk),
+             "from_status": current, "to_status": to, "actor": actor, "reason": reason, "evidence": evidence or {},
+             "created_at": timezone.now()}
     with transaction.atomic(savepoint=False):
         if computed:
             # F() expressions: the database computes them; RETURNING reads them back in the
             # same statement instead of a second SELECT.
             row = _update_returning(model, filters, values, computed)
             updated = 0 if row is None else 1
+            if updated:
+                record_events([Event(**event)])
         else:
-            updated = model.objects.filter(**filters).update(**values)
-        if updated == 1:
-            record_event(
-                entity=model.EVENT_ENTITY,
-                entity_id=str(obj.pk),
-                tenant_id=getattr(obj, "tenant_id", None),
-                from_status=current,
-                to_status=to,
-                actor=actor,
-                reason=reason,
-                evidence=evidence,
-            )
+            # The row and its event in one statement where the database can (PostgreSQL).
+            updated = int(sql.update_then_insert(model, where=filters, values=values, insert_model=Event, row=event))
+            if updated:
+                ring_doorbell_on_commit()
     if updated != 1:
         raise Conflict(
             f"{model.EVENT_ENTITY} {obj.pk} changed while moving from {current} to {to}; read it again.",
@@ -121,6 +132,11 @@ def transition(
             value = model._meta.get_field(field).to_python(row[computed.index(field)])
         setattr(obj, field, value)
     return True
+
+
+@cache
+def _has_updated_at(model: type[models.Model]) -> bool:
+    return any(f.name == "updated_at" for f in model._meta.fields)
 
 
 def _update_returning(model: type[models.Model], filters: dict[str, Any], values: dict[str, Any],

@@ -283,16 +283,42 @@ def test_task_counters_move_no_version(agent, running_task):
     assert Task.objects.get(pk=running_task.task_id).version == version
 
 
-def test_a_lost_race_on_a_unique_constraint_is_answered_from_the_ledger(agent, running_task, monkeypatch):
-    """If a writer got past the repeat check (the task lock should prevent it), the unique
-    constraint catches it in a savepoint and the ledger's row is the answer."""
-    first = propose(agent, running_task)
+def blind_once(monkeypatch):
+    """The first proposal after this misses the ledger's call and operation, as a writer that
+    got past the task lock would (the lock should prevent it); later ones see them again."""
     from ledger import proposals
 
-    real_call = proposals._call
-    misses = iter([None])
-    monkeypatch.setattr(proposals, "_call", lambda task, call_id: next(misses, None) or real_call(task, call_id))
-    monkeypatch.setattr(proposals.Operation.objects, "select_related", lambda *a: Operation.objects.none())
+    real = proposals._lock_task
+    calls = []
+
+    def lock_task(**kwargs):
+        task, lease, known_call, known_operation, policy = real(**kwargs)
+        calls.append((known_call, known_operation))
+        if len(calls) == 1:
+            return task, lease, False, False, policy
+        return task, lease, known_call, known_operation, policy
+
+    monkeypatch.setattr(proposals, "_lock_task", lock_task)
+    return calls
+
+
+def test_a_lost_race_on_the_call_is_answered_from_the_ledger(agent, running_task, monkeypatch):
+    first = propose(agent, running_task)
+    before = rows()
+    seen = blind_once(monkeypatch)
     again = propose(agent, running_task)
-    assert (again.operation_id, again.repeat) == (first.operation_id, True)
-    assert (Operation.objects.count(), Call.objects.count()) == (1, 1)
+    assert seen == [(True, True), (True, True)]  # blind pass, rolled back; second pass answers
+    assert (again.operation_id, again.repeat, again.created) == (first.operation_id, True, False)
+    assert rows() == before
+
+
+def test_a_lost_race_on_the_operation_is_answered_from_the_ledger(agent, running_task, monkeypatch):
+    """A new call ID for a step already in the ledger (a regenerated call) that misses the
+    operation: the insert meets it, and the second pass maps the call to it."""
+    first = propose(agent, running_task)
+    seen = blind_once(monkeypatch)
+    again = propose(agent, running_task, call_id="call-2")
+    assert seen == [(False, True), (False, True)]
+    assert (again.operation_id, again.created) == (first.operation_id, False)
+    assert (Operation.objects.count(), Call.objects.count()) == (1, 2)
+    assert not Event.objects.filter(entity="operation").exclude(entity_id=first.operation_id).exists()

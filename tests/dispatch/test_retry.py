@@ -8,12 +8,14 @@ import statistics
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import Tool
 from ledger.dispatcher import run_dispatch
-from ledger.models import Attempt, Fact, OperationStatus
+from ledger.models import Attempt, Fact, OperationStatus, ToolCircuit
 from ledger.retry import backoff_bounds, backoff_delay, circuit_open_until, retry_budget_left
 from tests.dispatch.conftest import (
     attempts_of,
@@ -247,3 +249,48 @@ def test_known_failures_do_not_open_the_circuit(agent, tools, unique, circuit):
 
     assert circuit_open_until(tool) is None
     assert Attempt.objects.filter(operation__tool=tool, fact=Fact.KNOWN_FAILURE).count() == 4
+
+
+# -- the stored verdict (ToolCircuit): what a claim reads instead of counting attempts -----------
+
+def circuit_counts(queries) -> list[str]:
+    return [q["sql"] for q in queries if "ledger_attempt" in q["sql"] and "COUNT" in q["sql"].upper()]
+
+
+@pytest.mark.django_db
+def test_a_transient_failure_stores_the_breakers_verdict(agent, tools, payments_url, unique, circuit):
+    tool = tools["payments.refund"]
+    fail_transiently(agent, unique, 2)
+    assert ToolCircuit.objects.get(tool=tool).open_until is None  # counted, still closed
+
+    fail_transiently(agent, unique, 1)
+    assert ToolCircuit.objects.get(tool=tool).open_until == circuit_open_until(tool)
+
+
+@pytest.mark.django_db
+def test_a_claim_with_the_circuit_closed_counts_no_attempts(agent, tools, payments_url, unique, circuit):
+    for _ in range(3):
+        run_dispatch(authorized_refund(agent, unique("ord")).operation_id, worker="test")
+    fresh = authorized_refund(agent, unique("ord"))
+    with CaptureQueriesContext(connection) as queries:
+        assert run_dispatch(fresh.operation_id, worker="test") == S.CONFIRMED
+    assert circuit_counts(queries.captured_queries) == []
+
+
+@pytest.mark.django_db
+def test_an_open_verdict_is_counted_again_at_the_claim_and_closes_when_the_window_says_so(
+        agent, tools, payments_url, unique, circuit):
+    tool = tools["payments.refund"]
+    fail_transiently(agent, unique, 3)
+    fresh = authorized_refund(agent, unique("ord"))
+    with CaptureQueriesContext(connection) as queries:
+        assert run_dispatch(fresh.operation_id, worker="test") == "deferred:circuit_open"
+    assert len(circuit_counts(queries.captured_queries)) == 1
+
+    # Successes since the failures outnumber them: the next claim finds it closed and says so.
+    for _ in range(4):
+        operation = authorized_refund(agent, unique("ord"))
+        Attempt.objects.create(operation=operation, number=99, fencing_token=99, finished_at=timezone.now(),
+                               fact=Fact.KNOWN_SUCCESS)
+    assert run_dispatch(fresh.operation_id, worker="test") == S.CONFIRMED
+    assert ToolCircuit.objects.get(tool=tool).open_until is None

@@ -1,0 +1,252 @@
+"""Hand-written statements for the ledger's hot path, on PostgreSQL and SQLite alike.
+
+The ORM compiles every query anew (joins, filters, column lists, converters): on the proposal →
+dispatch → receipt path that was most of the CPU a lifecycle cost. These helpers build each
+statement's text once per model and column set, prepare values with the fields' own
+`get_db_prep_save` (so JSON, dates and decimals are stored exactly as the ORM stores them), and
+turn rows back into model instances with the fields' and the backend's own converters. They
+run on Django's connection, inside Django's transactions (`atomic`, `on_commit` and the test
+framework all see them). Only equality filters: anything richer stays with the ORM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import Any
+
+from django.db import connections, models, router
+
+Row = tuple[Any, ...]
+
+
+def connection_for(model: type[models.Model]):
+    return connections[router.db_for_write(model)]
+
+
+def quote(name: str, connection=None) -> str:
+    return (connection or connections["default"]).ops.quote_name(name)
+
+
+@cache
+def _columns(model: type[models.Model], alias: str) -> tuple[str, tuple[models.Field, ...]]:
+    fields = tuple(model._meta.concrete_fields)
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f'{prefix}"{field.column}"' for field in fields), fields
+
+
+def columns(model: type[models.Model], alias: str = "") -> str:
+    """Every concrete column of `model`, in the order `load` reads them (`alias.` prefixed)."""
+    return _columns(model, alias)[0]
+
+
+def width(model: type[models.Model]) -> int:
+    return len(model._meta.concrete_fields)
+
+
+@cache
+def _converters(model: type[models.Model], alias: str) -> tuple[tuple[int, tuple, Any], ...]:
+    connection = connections[alias]
+    found = []
+    for index, field in enumerate(model._meta.concrete_fields):
+        col = field.get_col(model._meta.db_table)
+        convs = tuple(connection.ops.get_db_converters(col)) + tuple(col.get_db_converters(connection))
+        if convs:
+            found.append((index, convs, col))
+    return tuple(found)
+
+
+def load(model: type[models.Model], row: Sequence[Any], start: int = 0, *, connection=None):
+    """The instance in `row[start : start + width(model)]` (selected with `columns(model)`), or
+    None when its primary key is NULL (the empty side of an outer join)."""
+    connection = connection or connection_for(model)
+    values = list(row[start:start + width(model)])
+    pk_index = model._meta.concrete_fields.index(model._meta.pk)
+    if values[pk_index] is None:
+        return None
+    for index, convs, col in _converters(model, connection.alias):
+        value = values[index]
+        for converter in convs:
+            value = converter(value, col, connection)
+        values[index] = value
+    return model.from_db(connection.alias, None, values)
+
+
+def attach(instance: models.Model, field_name: str, related: models.Model | None) -> None:
+    """What select_related does: `instance.<field_name>` is `related` without a query."""
+    instance._meta.get_field(field_name).set_cached_value(instance, related)
+
+
+def for_update(connection, of: str = "") -> str:
+    """` FOR UPDATE [OF alias]`, or nothing where rows cannot be locked (SQLite serializes
+    writers with its IMMEDIATE transactions instead)."""
+    if not connection.features.has_select_for_update:
+        return ""
+    if of and connection.features.has_select_for_update_of:
+        return f" FOR UPDATE OF {of}"
+    return " FOR UPDATE"
+
+
+def cursor(connection):
+    """The cursor these statements run on. On PostgreSQL one that binds parameters on the
+    server, so psycopg prepares a statement run often (settings: DATABASE_PREPARE_THRESHOLD)
+    and the server stops parsing and planning it on every call; the ORM's own queries keep
+    Django's client-side binding. Still Django's cursor wrapper: execute wrappers, query
+    logging and error translation see these statements like any other. One per connection,
+    kept while the connection lives (each thread has its own connection)."""
+    connection.ensure_connection()
+    logged = connection.queries_logged
+    kept = connection.__dict__.get("_hot_path_cursor")
+    if kept is not None and kept[0] is connection.connection and kept[1] == logged:
+        return kept[2]
+    if connection.vendor == "postgresql" and not logged:
+        # Django logs a server-bound statement's text as None, so a connection whose queries
+        # are logged (DEBUG, assertNumQueries) gets Django's own cursor: the log stays readable.
+        from django.db.backends.postgresql.base import ServerBindingCursor
+
+        with connection.wrap_database_errors:
+            wrapped = connection._prepare_cursor(ServerBindingCursor(connection.connection))
+    else:
+        wrapped = connection.cursor()
+    connection.__dict__["_hot_path_cursor"] = (connection.connection, logged, wrapped)
+    return wrapped
+
+
+def fetchone(connection, sql: str, params: Sequence[Any]) -> Row | None:
+    cur = cursor(connection)
+    cur.execute(sql, params)
+    return cur.fetchone()
+
+
+def fetchall(connection, sql: str, params: Sequence[Any]) -> list[Row]:
+    cur = cursor(connection)
+    cur.execute(sql, params)
+    return cur.fetchall()
+
+
+def _field(model: type[models.Model], name: str) -> models.Field:
+    field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+    if not field.concrete:
+        raise ValueError(f"{model.__name__}.{name} is not a column")
+    return field
+
+
+def prep(field: models.Field, value: Any, connection) -> Any:
+    if isinstance(value, models.Model):
+        value = value.pk
+    if value is None and not isinstance(field, models.JSONField):
+        return None
+    if type(value) is _plain_type(field):
+        return value  # what get_db_prep_save would return, without its calls
+    return field.get_db_prep_save(value, connection)
+
+
+@cache
+def _plain_type(field: models.Field) -> type | None:
+    """The Python type a field stores unchanged (str for text, int for integers, bool)."""
+    target = field.target_field if field.is_relation else field
+    if isinstance(target, models.BooleanField):
+        return bool
+    if isinstance(target, models.CharField | models.TextField):
+        return str
+    if isinstance(target, models.IntegerField | models.AutoField):
+        return int
+    return None
+
+
+@cache
+def _update_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
+                returning: tuple[str, ...], vendor: str) -> str:
+    set_sql = ", ".join(f'"{_field(model, name).column}" = %s' for name in sets)
+    where_sql = " AND ".join(f'"{_field(model, name).column}" = %s' for name in where)
+    sql = f'UPDATE "{model._meta.db_table}" SET {set_sql} WHERE {where_sql}'
+    if returning:
+        sql += " RETURNING " + ", ".join(f'"{_field(model, name).column}"' for name in returning)
+    return sql
+
+
+def update(model: type[models.Model], *, where: dict[str, Any], values: dict[str, Any],
+           returning: Iterable[str] = ()) -> int | Row | None:
+    """`UPDATE … SET values WHERE (equalities)`: the number of rows, or with `returning` the
+    first row's returned columns (None when nothing matched)."""
+    connection = connection_for(model)
+    sets, keys, returning = tuple(values), tuple(where), tuple(returning)
+    sql = _update_sql(model, sets, keys, returning, connection.vendor)
+    params = [prep(_field(model, name), values[name], connection) for name in sets]
+    params += [_where_value(model, name, where[name], connection) for name in keys]
+    cur = cursor(connection)
+    cur.execute(sql, params)
+    if returning:
+        return cur.fetchone()
+    return cur.rowcount
+
+
+def _where_value(model: type[models.Model], name: str, value: Any, connection) -> Any:
+    if isinstance(value, models.Model):
+        value = value.pk
+    return _field(model, name).get_db_prep_value(value, connection, prepared=False)
+
+
+@cache
+def _insert_sql(model: type[models.Model], names: tuple[str, ...], rows: int, returning: tuple[str, ...],
+                ignore_conflicts: bool, vendor: str) -> str:
+    cols = ", ".join(f'"{_field(model, name).column}"' for name in names)
+    one = "(" + ", ".join(["%s"] * len(names)) + ")"
+    sql = f'INSERT INTO "{model._meta.db_table}" ({cols}) VALUES ' + ", ".join([one] * rows)
+    if ignore_conflicts:
+        sql += " ON CONFLICT DO NOTHING"
+    if returning:
+        sql += " RETURNING " + ", ".join(f'"{_field(model, name).column}"' for name in returning)
+    return sql
+
+
+def insert(model: type[models.Model], rows: Sequence[dict[str, Any]], *, returning: Iterable[str] = (),
+           ignore_conflicts: bool = False) -> list[Row]:
+    """One `INSERT … VALUES (…), (…)` of rows with the same keys; the returned columns of the
+    rows written (with `ignore_conflicts`, a row that met a unique constraint is not among them)."""
+    if not rows:
+        return []
+    connection = connection_for(model)
+    names, returning = tuple(rows[0]), tuple(returning)
+    fields = [_field(model, name) for name in names]
+    sql = _insert_sql(model, names, len(rows), returning, ignore_conflicts, connection.vendor)
+    params = [prep(field, row[name], connection) for row in rows for field, name in zip(fields, names, strict=True)]
+    cur = cursor(connection)
+    cur.execute(sql, params)
+    return cur.fetchall() if returning else []
+
+
+def values_of(instance: models.Model) -> dict[str, Any]:
+    """Every concrete column of an unsaved instance, by attribute name, for `insert`."""
+    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
+
+
+@cache
+def _update_then_insert_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
+                            insert_model: type[models.Model], names: tuple[str, ...]) -> str:
+    update = _update_sql(model, sets, where, (), "postgresql")
+    cols = ", ".join(f'"{_field(insert_model, name).column}"' for name in names)
+    return (f"WITH moved AS ({update} RETURNING 1) "
+            f'INSERT INTO "{insert_model._meta.db_table}" ({cols}) SELECT {", ".join(["%s"] * len(names))} FROM moved')
+
+
+def update_then_insert(model: type[models.Model], *, where: dict[str, Any], values: dict[str, Any],
+                       insert_model: type[models.Model], row: dict[str, Any]) -> bool:
+    """`update`, and `row` inserted only if it matched one row; whether it did. `where` must
+    name the primary key. One statement on PostgreSQL (the insert reads the update's RETURNING),
+    two elsewhere; both inside the caller's transaction, so neither lands without the other."""
+    if "pk" not in where and model._meta.pk.name not in where:
+        raise ValueError("update_then_insert needs the primary key in `where`: it inserts one row")
+    connection = connection_for(model)
+    if connection.vendor != "postgresql":
+        if update(model, where=where, values=values) != 1:
+            return False
+        insert(insert_model, [row])
+        return True
+    sets, keys, names = tuple(values), tuple(where), tuple(row)
+    params = [prep(_field(model, name), values[name], connection) for name in sets]
+    params += [_where_value(model, name, where[name], connection) for name in keys]
+    params += [prep(_field(insert_model, name), row[name], connection) for name in names]
+    cur = cursor(connection)
+    cur.execute(_update_then_insert_sql(model, sets, keys, insert_model, names), params)
+    return cur.rowcount == 1

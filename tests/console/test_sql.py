@@ -1,0 +1,142 @@
+"""console.lib.sql: hand-written statements store and load exactly what the ORM does."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from console.lib import sql
+from ledger.models import Attempt, Event, Operation
+from runs.models import Step, Task
+from tests.factories import make_operation, make_task
+
+
+def test_an_inserted_row_reads_back_through_the_orm_as_written(agent):
+    operation = make_operation(agent)
+    started = timezone.now() - timedelta(seconds=3)
+    raw = {"nested": [1, 2.5, None, "ü"], "flag": True}
+
+    [(pk,)] = sql.insert(Attempt, [{"operation": operation, "number": 1, "fencing_token": 7, "worker": "w",
+                                    "started_at": started, "finished_at": None, "fact": "", "error_class": "",
+                                    "error_code": "", "raw_response": raw, "latency_ms": None, "stale": False}],
+                         returning=("id",))
+
+    attempt = Attempt.objects.get(pk=pk)
+    assert (attempt.operation_id, attempt.number, attempt.fencing_token) == (operation.pk, 1, 7)
+    assert attempt.started_at == started
+    assert attempt.raw_response == raw
+    assert attempt.finished_at is None and attempt.latency_ms is None
+
+
+def test_a_loaded_row_equals_the_orm_instance_field_by_field(agent):
+    task = make_task(agent, constraints={"max_amount": 12.5}, inputs={"order": "o-1"})
+    Task.objects.filter(pk=task.pk).update(amount_used=Decimal("3.2500"))
+    expected = Task.objects.get(pk=task.pk)
+
+    row = sql.fetchone(connection, f"SELECT {sql.columns(Task, 't')} FROM runs_task t WHERE t.task_id = %s",
+                       [task.pk])
+    loaded = sql.load(Task, row)
+
+    for field in Task._meta.concrete_fields:
+        assert getattr(loaded, field.attname) == getattr(expected, field.attname), field.name
+    assert loaded._state.adding is False
+
+
+def test_the_empty_side_of_an_outer_join_loads_as_none(agent):
+    operation = make_operation(agent)
+    row = sql.fetchone(
+        connection,
+        f"SELECT {sql.columns(Operation, 'o')}, {sql.columns(Attempt, 'a')} FROM ledger_operation o "
+        "LEFT JOIN ledger_attempt a ON a.operation_id = o.operation_id WHERE o.operation_id = %s",
+        [operation.pk])
+    assert sql.load(Operation, row).pk == operation.pk
+    assert sql.load(Attempt, row, sql.width(Operation)) is None
+
+
+def test_update_matches_on_every_equality_and_says_how_many_rows(agent):
+    operation = make_operation(agent)
+    stamp = timezone.now()
+
+    assert sql.update(Operation, where={"pk": operation.pk, "status": "authorized"}, values={"last_error": "x"}) == 0
+    assert sql.update(Operation, where={"pk": operation.pk, "status": operation.status},
+                      values={"last_error": "boom", "receipt": {"id": "r1"}, "updated_at": stamp}) == 1
+
+    stored = Operation.objects.get(pk=operation.pk)
+    assert (stored.last_error, stored.receipt, stored.updated_at) == ("boom", {"id": "r1"}, stamp)
+
+
+def test_update_returns_the_columns_asked_for_or_none(agent):
+    operation = make_operation(agent)
+    assert sql.update(Operation, where={"pk": operation.pk}, values={"attempt_count": 4},
+                      returning=("attempt_count", "status")) == (4, operation.status)
+    assert sql.update(Operation, where={"pk": "op_missing"}, values={"attempt_count": 4},
+                      returning=("attempt_count",)) is None
+
+
+def test_a_json_null_receipt_is_stored_as_sql_null(agent):
+    operation = make_operation(agent)
+    sql.update(Operation, where={"pk": operation.pk}, values={"receipt": None})
+    assert Operation.objects.filter(pk=operation.pk, receipt__isnull=True).exists()
+
+
+def test_insert_with_ignore_conflicts_returns_only_the_rows_it_wrote(agent):
+    task = make_task(agent)
+    now = timezone.now()
+    first = sql.insert(Step,
+                       [{"task": task, "step_id": "s1", "created_at": now}], returning=("id",), ignore_conflicts=True)
+    again = sql.insert(Step,
+                       [{"task": task, "step_id": "s1", "created_at": now}], returning=("id",), ignore_conflicts=True)
+    assert len(first) == 1 and again == []
+
+
+def test_a_unique_violation_without_ignore_conflicts_is_djangos_integrity_error(agent):
+    task = make_task(agent)
+    row = {"task": task, "step_id": "s1", "created_at": timezone.now()}
+    sql.insert(Step, [row])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        sql.insert(Step, [row])
+
+
+def test_several_rows_in_one_statement_keep_their_order(tenant):
+    rows = [{"tenant_id": tenant.pk, "entity": "x", "entity_id": str(n), "from_status": "", "to_status": "t",
+             "actor": "a", "reason": "", "evidence": {"n": n}, "created_at": timezone.now()} for n in range(3)]
+    with CaptureQueriesContext(connection) as queries:
+        ids = [pk for (pk,) in sql.insert(Event, rows, returning=("id",))]
+    assert len(queries) == 1  # statements are still seen by Django's query log and wrappers
+    assert [Event.objects.get(pk=pk).evidence for pk in ids] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_a_filter_on_something_that_is_not_a_column_fails_loudly(agent):
+    operation = make_operation(agent)
+    with pytest.raises(Exception, match="status__in|not a column"):
+        sql.update(Operation, where={"pk": operation.pk, "status__in": ["x"]}, values={"last_error": ""})
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="prepared statements are PostgreSQL's")
+def test_on_postgresql_the_hot_path_statements_are_prepared_once_per_connection(agent):
+    from approvals.models import Tool
+    from ledger.dispatcher import run_dispatch
+    from ledger.proposals import call_propose
+    from tests.api.conftest import start_task
+
+    tool = Tool.objects.create(name="test.noop", adapter="noop", json_schema={"type": "object"}, base_tier=0,
+                               idempotency=Tool.Idempotency.NATIVE)
+    agent.allowed_tools.add(tool)
+    run = start_task(agent)
+    for n in range(4):
+        proposal = call_propose(principal=agent, task_id=run.task_id, call_id=f"c{n}", step_id=f"s{n}",
+                                tool_name="test.noop", arguments={"n": n}, expected_version=run.version,
+                                fencing_token=run.fencing_token)
+        assert run_dispatch(proposal.operation_id, worker="t") == "confirmed"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("FROM ledger_operation o" in text for text in prepared)  # the claim
+    assert any(text.startswith('INSERT INTO "ledger_call"') for text in prepared)
+    assert len(prepared) == len(set(prepared))  # each once, however often it ran
