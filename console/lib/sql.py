@@ -24,10 +24,6 @@ def connection_for(model: type[models.Model]):
     return connections[router.db_for_write(model)]
 
 
-def quote(name: str, connection=None) -> str:
-    return (connection or connections["default"]).ops.quote_name(name)
-
-
 @cache
 def _columns(model: type[models.Model], alias: str) -> tuple[str, tuple[models.Field, ...]]:
     fields = tuple(model._meta.concrete_fields)
@@ -116,12 +112,6 @@ def fetchone(connection, sql: str, params: Sequence[Any]) -> Row | None:
     cur = cursor(connection)
     cur.execute(sql, params)
     return cur.fetchone()
-
-
-def fetchall(connection, sql: str, params: Sequence[Any]) -> list[Row]:
-    cur = cursor(connection)
-    cur.execute(sql, params)
-    return cur.fetchall()
 
 
 def _field(model: type[models.Model], name: str) -> models.Field:

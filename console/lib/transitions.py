@@ -55,12 +55,15 @@ def record_events(rows: list) -> list:
     from ledger.models import Event
 
     ring_doorbell_on_commit()
-    ids = sql.insert(Event, [{name: getattr(row, name) for name in EVENT_COLUMNS} for row in rows],
-                     returning=("id",))
+    ids = sql.insert(Event, [_columns_of(row) for row in rows], returning=("id",))
     for row, (pk,) in zip(rows, ids, strict=True):
         row.pk = pk
         row._state.adding = False
     return rows
+
+
+def _columns_of(event) -> dict[str, Any]:
+    return {name: getattr(event, name) for name in EVENT_COLUMNS}
 
 
 def record_event(**fields: Any):
@@ -106,9 +109,8 @@ def transition(
     from console.live import ring_doorbell_on_commit
     from ledger.models import Event
 
-    event = {"tenant_id": getattr(obj, "tenant_id", None), "entity": model.EVENT_ENTITY, "entity_id": str(obj.pk),
-             "from_status": current, "to_status": to, "actor": actor, "reason": reason, "evidence": evidence or {},
-             "created_at": timezone.now()}
+    event = event_row(entity=model.EVENT_ENTITY, entity_id=str(obj.pk), tenant_id=getattr(obj, "tenant_id", None),
+                      from_status=current, to_status=to, actor=actor, reason=reason, evidence=evidence)
     with transaction.atomic(savepoint=False):
         if computed:
             # F() expressions: the database computes them; RETURNING reads them back in the
@@ -116,10 +118,11 @@ def transition(
             row = _update_returning(model, filters, values, computed)
             updated = 0 if row is None else 1
             if updated:
-                record_events([Event(**event)])
+                record_events([event])
         else:
             # The row and its event in one statement where the database can (PostgreSQL).
-            updated = int(sql.update_then_insert(model, where=filters, values=values, insert_model=Event, row=event))
+            updated = int(sql.update_then_insert(model, where=filters, values=values, insert_model=Event,
+                                                 row=_columns_of(event)))
             if updated:
                 ring_doorbell_on_commit()
     if updated != 1:
