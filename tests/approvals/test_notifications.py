@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.core import mail
 from django.db import transaction
 from django.urls import reverse
@@ -242,7 +243,7 @@ def test_notifications_are_read_only_in_the_admin_and_channels_editable(admin_cl
     assert page.status_code == 200 and b'name="status"' not in page.content
     assert admin_client.get(reverse("admin:approvals_notification_add")).status_code == 403
     assert admin_client.get(reverse("admin:approvals_notificationchannel_change", args=[hook.pk])).status_code == 200
-    approval_page = admin_client.get(reverse("admin:approvals_approvalrequest_change", args=[row.approval_id]))
+    approval_page = admin_client.get(reverse("admin:approvals_approvalrequest_change", args=[quote(row.approval_id)]))
     assert approval_page.status_code == 200 and b"oncall@example.com" in approval_page.content
     assert ApprovalRequest.objects.count() == 1 and Tenant.objects.count() == 1
 

@@ -3,17 +3,21 @@ editable; on PostgreSQL the event log refuses UPDATE and DELETE at the database 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
 from approvals.models import ApprovalDecision, ApprovalRequest, EscalationRule, PolicyTier, Tool
 from approvals.services import approval_approve
+from console.lib.ids import derive_operation_id
 from console.models import AgentPrincipal, hash_token
 from ledger.models import Attempt, Call, Event, Operation, OperationStatus
 from runs.models import Lease, Step, Task
-from tests.factories import make_approval_request, make_operation
+from tests.factories import make_approval_request, make_operation, make_task
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
@@ -50,7 +54,10 @@ def evidence(agent, senior, senior2):
 
 
 def url(model, view: str, *args) -> str:
-    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
+    # The admin quotes primary keys in its URLs ("_24" reads back as "$"), as its own links do;
+    # an ID like "op_24..." reversed unquoted names another object and the page redirects away.
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}",
+                   args=[quote(arg) for arg in args])
 
 
 def snapshot(obj) -> dict:
@@ -74,6 +81,21 @@ def test_the_view_page_of_evidence_answers_200_without_a_save_button(admin_clien
     assert response.status_code == 200
     assert response.context["has_change_permission"] is False
     assert b'name="_save"' not in response.content
+
+
+def test_an_operation_whose_id_reads_like_an_admin_escape_opens_from_its_changelist_link(admin_client, agent):
+    # "op_24..." unquoted is "op$..." to the admin: CI once met such an ID by chance.
+    task = make_task(agent)
+    step_id = next(f"step-{n}" for n in itertools.count() if derive_operation_id(
+        tenant=agent.tenant.slug, task_id=task.task_id, step_id=f"step-{n}", tool="payments.refund",
+    ).startswith("op_24"))
+    operation = make_operation(agent, task=task, step_id=step_id)
+
+    changelist = admin_client.get(url(Operation, "changelist")).content.decode()
+    link = url(Operation, "change", operation.pk)
+
+    assert link in changelist
+    assert admin_client.get(link).status_code == 200
 
 
 @pytest.mark.parametrize("model", READ_ONLY, ids=lambda m: m.__name__)
