@@ -14,6 +14,10 @@ every run, for each client count, interleaved so that a noisy neighbour hurts th
   provider → receipt). An operation counts when its receipt is committed (`confirmed`). All
   clients in one tenant; with several clients also "a tenant per client".
 - dbos (c): a one-step DBOS workflow, its system database on the same server.
+- floor (d): the lifecycle's own statements replayed straight through psycopg, nothing in
+  between (bench/floor.py): one at a time as the service layer sends them, and pipelined (a
+  round trip per transaction). The bound of any client that keeps these writes: if the floor
+  misses a target, no implementation of this protocol on this server meets it.
 
 Then commits per lifecycle (pg_stat_database.xact_commit, cross-checked by counting Django's
 statements and commits), and the HTTP API in front (uvicorn, 1 and 16 clients): the proposal
@@ -49,6 +53,8 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench import floor  # noqa: E402 - after the path is set
 
 TOOL = "bench.noop"
 TENANT = "bench"
@@ -292,6 +298,18 @@ def lifecycle_client(index: int, *, own_tenant: bool = False) -> tuple[Callable[
     """One agent task per client (proposals of one task serialize on its row, by design);
     each operation a new step and call ID. All clients in one tenant, or each in its own (every
     claim counts its tenant's operations in flight)."""
+    one, close = lifecycle_runner(index, own_tenant=own_tenant)
+    seq = itertools.count(1)
+
+    def op() -> None:
+        n = next(seq)
+        one(f"c{n}", f"s{n}")
+
+    return op, close
+
+
+def lifecycle_runner(index: int, *, own_tenant: bool = False) -> tuple[Callable[[str, str], str], Callable[[], None]]:
+    """`one(call_id, step_id) -> operation_id`: one lifecycle of a new task's call, confirmed."""
     from django.db import connections
 
     from ledger.dispatcher import run_dispatch
@@ -301,29 +319,51 @@ def lifecycle_client(index: int, *, own_tenant: bool = False) -> tuple[Callable[
 
     agent = load_agent(index if own_tenant else 0)
     run = start_task(agent, owner=f"bench-{index}")
-    seq = itertools.count(1)
     worker = f"bench-{index}"
 
     clock = time.perf_counter
     propose_times, dispatch_times = PHASES["propose"], PHASES["dispatch"]
 
-    def op() -> None:
-        n = next(seq)
+    def one(call_id: str, step_id: str) -> str:
         started = clock()
         proposal = call_propose(
-            principal=agent, task_id=run.task_id, call_id=f"c{n}", step_id=f"s{n}", tool_name=TOOL,
-            arguments={"n": n}, expected_version=run.version, fencing_token=run.fencing_token,
+            principal=agent, task_id=run.task_id, call_id=call_id, step_id=step_id, tool_name=TOOL,
+            arguments={"step": step_id}, expected_version=run.version, fencing_token=run.fencing_token,
         )
         if proposal.decision != DISPATCHED:
-            raise RuntimeError(f"proposal {n} was {proposal.decision}: {proposal.reasons}")
+            raise RuntimeError(f"proposal {call_id} was {proposal.decision}: {proposal.reasons}")
         proposed = clock()
         result = run_dispatch(proposal.operation_id, worker=worker)
         propose_times.append(proposed - started)
         dispatch_times.append(clock() - proposed)
         if result != OperationStatus.CONFIRMED:
             raise RuntimeError(f"dispatch of {proposal.operation_id} ended {result}")
+        return proposal.operation_id
 
-    return op, connections.close_all
+    return one, connections.close_all
+
+
+def floor_client_factory(url: str, *, pipelined: bool, recordings: list[floor.Recording]):
+    """(d) Each client records one real lifecycle of its own task, then replays its statements
+    (bench/floor.py). The recordings are kept for the report."""
+
+    def make(index: int):
+        from django.db import connections
+
+        one, close = lifecycle_runner(index)
+        one("warm-" + str(index), "warm-" + str(index))  # prepared statements, caches: as the lifecycle's warm-up
+        recording = floor.record(one)
+        close()
+        recordings.append(recording)
+        replayer = floor.Replayer(url, recording, pipelined=pipelined)
+
+        def done() -> None:
+            replayer.close()
+            connections.close_all()
+
+        return replayer.replay, done
+
+    return make
 
 
 # --- (b) raw commits -------------------------------------------------------------------------
@@ -746,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ledger_before = ledger_size()
     results: dict[tuple[str, int], list[Result]] = {}
+    recordings: list[floor.Recording] = []
     phases: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for run in range(1, args.runs + 1):
         for clients in client_counts:
@@ -756,6 +797,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if clients > 1:
                 plan.append(("lifecycle, a tenant per client", partial(lifecycle_client, own_tenant=True)))
+            plan += [("floor", floor_client_factory(url, pipelined=False, recordings=recordings)),
+                     ("floor, pipelined", floor_client_factory(url, pipelined=True, recordings=recordings))]
             if dbos is not None:
                 plan.append(("dbos", dbos.client))
             for name, factory in plan:
@@ -763,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
                     values.clear()
                 result = run_clients(name, clients, args.seconds, factory)
                 results.setdefault((name, clients), []).append(result)
-                print(f"run {run} {name:9} x{clients}: {result.ops_per_s:8.1f} ops/s  "
+                print(f"run {run} {name:16} x{clients}: {result.ops_per_s:8.1f} ops/s  "
                       f"p50 {result.p50_ms:7.2f} ms  p99 {result.p99_ms:7.2f} ms  "
                       f"cpu {result.cpu_ms_per_op:5.2f} ms/op (sys {result.sys_ms_per_op:5.2f})", flush=True)
                 if name.startswith("lifecycle"):
@@ -842,12 +885,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{dbos_commits['sqlalchemy_statements_per_workflow']:.1f} statements (SQLAlchemy); "
               f"pg_stat {dbos_commits['commits_per_workflow_upper_bound']:.2f} (includes its background work)")
 
+    if recordings:
+        shapes = sorted({(r.statements, len(r.transactions), r.write_commits) for r in recordings})
+        print("floor: each replay sends " + "; ".join(
+            f"{n} statements in {t} transactions ({w} with a commit that writes)" for n, t, w in shapes)
+            + ", the lifecycle's own, recorded by each client")
+
     ratios: dict[str, dict[str, Any]] = {}
     ratio_rows = []
     for clients in client_counts:
         raw = results.get(("raw", clients), [])
         dbo = results.get(("dbos", clients), [])
-        for variant in ("lifecycle", "lifecycle, a tenant per client"):
+        for variant in ("lifecycle", "lifecycle, a tenant per client", "floor", "floor, pipelined"):
             life = results.get((variant, clients), [])
             if not life:
                 continue
