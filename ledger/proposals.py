@@ -36,7 +36,7 @@ from console.lib.transitions import record_event
 from console.models import AgentPrincipal, Tenant
 from console.tracing import tracer
 from ledger import services as ledger_services
-from ledger.models import Call, Operation, OperationStatus
+from ledger.models import Call, Event, Operation, OperationStatus
 from ledger.selectors import (
     AWAITING_APPROVAL,
     DISPATCHED,
@@ -178,25 +178,28 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             created_at=now,
             updated_at=now,
         )
-        # The call first: its foreign key to the operation is checked at commit. ON CONFLICT
-        # DO NOTHING instead of a savepoint: a row another writer got in first means that
-        # writer's row is the answer (`_LostRace` rolls this transaction back).
-        if not sql.insert(Call, [{"task": task, "call_id": call_id, "operation_id": operation_id,
-                                  "arguments_hash": args_hash, "created_at": now}],
-                          returning=("id",), ignore_conflicts=True):
-            raise _LostRace
-        if not sql.insert(Operation, [sql.values_of(operation)], returning=("operation_id",),
-                          ignore_conflicts=True):
+        events = ledger_services.operation_created_authorized(
+            operation, actor=principal.ref, authorized_by=GATE_ACTOR,
+            reason=f"L{result.risk_tier} {result.requirement}: runs at once", evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
+        ) if runs_at_once else []
+        # The budget spent, the call, the operation and (run at once) its two events: one
+        # statement on PostgreSQL. The call first: its foreign key to the operation is checked
+        # at commit. ON CONFLICT DO NOTHING instead of a savepoint: a row another writer got in
+        # first means that writer's row is the answer (`_LostRace` rolls all of it back). The
+        # task row is locked, so the new counts are the ones read plus this call's.
+        spent = _budget_after(task, tool, arguments)
+        written = sql.update_then_write(
+            Task, where={"pk": task.pk}, values=spent, ignore_conflicts=True,
+            inserts=[(Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
+                             "arguments_hash": args_hash, "created_at": now}),
+                     (Operation, sql.values_of(operation)),
+                     *[(Event, sql.values_of(event)) for event in events]])
+        if written is None or None in written[:2]:
             raise _LostRace
         operation._state.adding = False
-
-        _spend_budget(task, tool, arguments)
+        for name, value in spent.items():
+            setattr(task, name, value)
         if runs_at_once:
-            ledger_services.operation_created_authorized(
-                operation, actor=principal.ref, authorized_by=GATE_ACTOR,
-                reason=f"L{result.risk_tier} {result.requirement}: runs at once",
-                evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
-            )
             return Proposal(
                 call_id=call_id, operation_id=operation_id, decision=DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
@@ -355,18 +358,12 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
     )
 
 
-def _spend_budget(task: Task, tool: Tool, arguments: dict[str, Any]) -> None:
-    """Budgets are spent when the operation is created (reserved), whatever a reviewer decides.
-    The task row is locked, so the new counts are the ones read plus this call's: written as
-    such, no re-read."""
+def _budget_after(task: Task, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The task's budget counters once this call is counted. Budgets are spent when the
+    operation is created (reserved), whatever a reviewer decides."""
     writes = 1 if tool.kind == Tool.Kind.WRITE else 0
-    amount = gate.call_amount(tool, arguments)
-    sql.update(Task, where={"task_id": task.pk}, values={
-        "calls_used": task.calls_used + 1, "writes_used": task.writes_used + writes,
-        "amount_used": task.amount_used + amount})
-    task.calls_used += 1
-    task.writes_used += writes
-    task.amount_used += amount
+    return {"calls_used": task.calls_used + 1, "writes_used": task.writes_used + writes,
+            "amount_used": task.amount_used + gate.call_amount(tool, arguments)}
 
 
 def _key_part(value: Any) -> str:

@@ -12,10 +12,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from console.lib import sql
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
-from ledger.models import Attempt, Fact, Operation, OperationStatus
+from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
 from ledger.retry import circuit_note_failure, is_transient_failure
 
 S = OperationStatus
@@ -88,22 +87,16 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
             )
         number = operation.attempt_count + 1
         token = operation.fencing_token + 1
+        attempt = Attempt(operation=operation, number=number, fencing_token=token, worker=worker,
+                          started_at=timezone.now())
         transition(
             operation, to=S.DISPATCHED, actor=f"worker:{worker}",
             reason=f"attempt {number}", evidence={"attempt": number, "fencing_token": token},
             guard={"fencing_token": operation.fencing_token, "attempt_count": operation.attempt_count},
             changes={"fencing_token": token, "attempt_count": number, "dispatch_deadline": deadline},
+            also_insert=[attempt],
         )
-        attempt = Attempt(operation=operation, number=number, fencing_token=token, worker=worker,
-                          started_at=timezone.now())
-        [(attempt.pk,)] = sql.insert(Attempt, [{name: getattr(attempt, name) for name in _ATTEMPT_COLUMNS}],
-                                     returning=("id",))
-        attempt._state.adding = False
     return operation, attempt
-
-
-_ATTEMPT_COLUMNS = ("operation_id", "number", "fencing_token", "worker", "started_at", "finished_at", "fact",
-                    "error_class", "error_code", "raw_response", "latency_ms", "stale")
 
 
 _OUTCOME_STATUS = {
@@ -183,12 +176,12 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
                     evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
                               "error_code": str(error_code)},
                     guard={"fencing_token": fencing_token}, changes=changes,
+                    also_update=[(Attempt, {"operation_id": operation_id, "number": attempt_number},
+                                  {"stale": False, **attempt_fields})],
                 )
             except Conflict:
                 pass
             else:
-                sql.update(Attempt, where={"operation_id": operation_id, "number": attempt_number},
-                           values={"stale": False, **attempt_fields})
                 return operation, True
         attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
         operation = _get(operation_id, lock=True)
@@ -319,19 +312,24 @@ def operation_created_event(operation: Operation, *, actor: str) -> None:
 
 
 def operation_created_authorized(operation: Operation, *, actor: str, authorized_by: str, reason: str,
-                                 evidence: dict[str, Any]) -> None:
-    """A call the gate runs at once: the operation was inserted directly as `authorized`, and
-    its two transitions (∅ → planned, planned → authorized) are written here in one INSERT, in
-    the same transaction. The dispatch is enqueued once this commits."""
+                                 evidence: dict[str, Any]) -> list[Event]:
+    """A call the gate runs at once is inserted directly as `authorized`: its two transitions
+    (∅ → planned, planned → authorized), as unsaved event rows the caller inserts in the
+    statement that inserts the operation (the proposal, one statement on PostgreSQL). The
+    dispatch is enqueued, and the live pages rung, once the transaction commits; a rollback
+    (the caller's insert lost a race) takes both with it."""
+    from console.live import ring_doorbell_on_commit
+
     if operation.status != S.AUTHORIZED or S.AUTHORIZED not in Operation.TRANSITIONS[S.PLANNED]:
         raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
-    record_events([
+    ring_doorbell_on_commit()
+    _enqueue_dispatch_on_commit(operation)
+    return [
         _created_row(operation, actor=actor, to_status=S.PLANNED),
         event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
                   from_status=S.PLANNED, to_status=S.AUTHORIZED, actor=authorized_by, reason=reason,
                   evidence=evidence),
-    ])
-    _enqueue_dispatch_on_commit(operation)
+    ]
 
 
 def operation_release_budget(*, operation_id: str) -> None:

@@ -207,36 +207,78 @@ def insert(model: type[models.Model], rows: Sequence[dict[str, Any]], *, returni
 
 
 def values_of(instance: models.Model) -> dict[str, Any]:
-    """Every concrete column of an unsaved instance, by attribute name, for `insert`."""
-    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
+    """Every concrete column of an unsaved instance, by attribute name, for `insert`; an
+    auto-increment primary key not set yet is left to the database, as the ORM does."""
+    pk = instance._meta.pk
+    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields
+            if not (field is pk and isinstance(field, models.AutoField) and instance.pk is None)}
+
+
+# The rows written with a guarded update: (model, row) to insert, (model, where, values) to update.
+Insert = tuple[type[models.Model], dict[str, Any]]
+Update = tuple[type[models.Model], dict[str, Any], dict[str, Any]]
 
 
 @cache
-def _update_then_insert_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
-                            insert_model: type[models.Model], names: tuple[str, ...]) -> str:
-    update = _update_sql(model, sets, where, (), "postgresql")
-    cols = ", ".join(f'"{_field(insert_model, name).column}"' for name in names)
-    return (f"WITH moved AS ({update} RETURNING 1) "
-            f'INSERT INTO "{insert_model._meta.db_table}" ({cols}) SELECT {", ".join(["%s"] * len(names))} FROM moved')
+def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
+                           inserts: tuple[tuple[type[models.Model], tuple[str, ...]], ...],
+                           updates: tuple[tuple[type[models.Model], tuple[str, ...], tuple[str, ...]], ...],
+                           ignore_conflicts: bool) -> str:
+    connection = connection_for(model)
+    on_conflict = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
+    parts = [f"moved AS ({_update_sql(model, sets, where, (), 'postgresql')} RETURNING 1)"]
+    for index, (insert_model, names) in enumerate(inserts):
+        cols = ", ".join(f'"{_field(insert_model, name).column}"' for name in names)
+        # Typed: a parameter in a SELECT list is otherwise text, and a NULL integer fails.
+        exprs = ", ".join(f"%s::{_field(insert_model, name).cast_db_type(connection)}" for name in names)
+        pk = insert_model._meta.pk.column
+        parts.append(f'i{index} AS (INSERT INTO "{insert_model._meta.db_table}" ({cols}) '
+                     f'SELECT {exprs} FROM moved{on_conflict} RETURNING "{pk}")')
+    for index, (update_model, update_sets, update_where) in enumerate(updates):
+        parts.append(f"u{index} AS ({_update_sql(update_model, update_sets, update_where, (), 'postgresql')} "
+                     "AND EXISTS (SELECT 1 FROM moved))")
+    # The update names its primary key: `moved` holds one row or none.
+    selected = ", ".join(["(SELECT 1 FROM moved)"] + [f"(SELECT * FROM i{i})" for i in range(len(inserts))])
+    return f"WITH {', '.join(parts)} SELECT {selected}"
 
 
-def update_then_insert(model: type[models.Model], *, where: dict[str, Any], values: dict[str, Any],
-                       insert_model: type[models.Model], row: dict[str, Any]) -> bool:
-    """`update`, and `row` inserted only if it matched one row; whether it did. `where` must
-    name the primary key. One statement on PostgreSQL (the insert reads the update's RETURNING),
-    two elsewhere; both inside the caller's transaction, so neither lands without the other."""
+def update_then_write(model: type[models.Model], *, where: dict[str, Any], values: dict[str, Any],
+                      inserts: Sequence[Insert] = (), updates: Sequence[Update] = (),
+                      ignore_conflicts: bool = False) -> list[Any] | None:
+    """`update` of one row and, only if it matched, one row inserted per `inserts` and the
+    `updates` applied: None when it did not match, else the inserted rows' primary keys (with
+    `ignore_conflicts`, None for a row that met a unique constraint and was not written).
+    `where` must name the primary key. One statement (and one round trip) on PostgreSQL, the
+    inserts and updates reading the update's RETURNING; one per write elsewhere. All inside the
+    caller's transaction, so none lands without the others."""
     if "pk" not in where and model._meta.pk.name not in where:
-        raise ValueError("update_then_insert needs the primary key in `where`: it inserts one row")
+        raise ValueError("update_then_write needs the primary key in `where`: it writes for one row")
     connection = connection_for(model)
     if connection.vendor != "postgresql":
         if update(model, where=where, values=values) != 1:
-            return False
-        insert(insert_model, [row])
-        return True
-    sets, keys, names = tuple(values), tuple(where), tuple(row)
+            return None
+        pks = []
+        for insert_model, row in inserts:
+            returned = insert(insert_model, [row], returning=("pk",), ignore_conflicts=ignore_conflicts)
+            pks.append(returned[0][0] if returned else None)
+        for update_model, update_where, update_values in updates:
+            update(update_model, where=update_where, values=update_values)
+        return pks
+    sets, keys = tuple(values), tuple(where)
     params = [prep(_field(model, name), values[name], connection) for name in sets]
     params += [_where_value(model, name, where[name], connection) for name in keys]
-    params += [prep(_field(insert_model, name), row[name], connection) for name in names]
+    insert_shapes = []
+    for insert_model, row in inserts:
+        names = tuple(row)
+        insert_shapes.append((insert_model, names))
+        params += [prep(_field(insert_model, name), row[name], connection) for name in names]
+    update_shapes = []
+    for update_model, update_where, update_values in updates:
+        update_shapes.append((update_model, tuple(update_values), tuple(update_where)))
+        params += [prep(_field(update_model, name), update_values[name], connection) for name in update_values]
+        params += [_where_value(update_model, name, update_where[name], connection) for name in update_where]
     cur = cursor(connection)
-    cur.execute(_update_then_insert_sql(model, sets, keys, insert_model, names), params)
-    return cur.rowcount == 1
+    cur.execute(_update_then_write_sql(model, sets, keys, tuple(insert_shapes), tuple(update_shapes),
+                                       ignore_conflicts), params)
+    matched, *pks = cur.fetchone()
+    return pks if matched is not None else None

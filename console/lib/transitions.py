@@ -7,6 +7,7 @@ Models that move through states declare `TRANSITIONS` (status → allowed next s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -80,13 +81,17 @@ def transition(
     evidence: dict[str, Any] | None = None,
     guard: dict[str, Any] | None = None,
     changes: dict[str, Any] | None = None,
+    also_insert: Sequence[models.Model] = (),
+    also_update: Sequence[sql.Update] = (),
 ) -> bool:
     """Move `obj` from the status it was read with to `to`.
 
     `guard` adds conditions to the compare-and-set (e.g. `version=3`, `fencing_token=7`);
-    `changes` are written with the status (F() expressions allowed). Returns False when the
-    object is already in `to` (a no-op, no event). Raises IllegalTransition for a move not in
-    TRANSITIONS and Conflict when another writer changed the row first.
+    `changes` are written with the status (F() expressions allowed). `also_insert` (unsaved
+    instances, saved with their primary keys set) and `also_update` ((model, where, values))
+    are written only if the move is, in the same statement where the database can. Returns
+    False when the object is already in `to` (a no-op, no event). Raises IllegalTransition for
+    a move not in TRANSITIONS and Conflict when another writer changed the row first.
     """
     model = type(obj)
     current = obj.status
@@ -119,17 +124,28 @@ def transition(
             updated = 0 if row is None else 1
             if updated:
                 record_events([event])
+                pks = [sql.insert(type(extra), [sql.values_of(extra)], returning=("pk",))[0][0]
+                       for extra in also_insert]
+                for update_model, where, update_values in also_update:
+                    sql.update(update_model, where=where, values=update_values)
         else:
-            # The row and its event in one statement where the database can (PostgreSQL).
-            updated = int(sql.update_then_insert(model, where=filters, values=values, insert_model=Event,
-                                                 row=_columns_of(event)))
+            # The row, its event and the rows that go with the move in one statement where the
+            # database can (PostgreSQL).
+            inserts = [(Event, _columns_of(event))] + [(type(extra), sql.values_of(extra)) for extra in also_insert]
+            written = sql.update_then_write(model, where=filters, values=values, inserts=inserts,
+                                            updates=also_update)
+            updated = 0 if written is None else 1
             if updated:
+                pks = written[1:]
                 ring_doorbell_on_commit()
     if updated != 1:
         raise Conflict(
             f"{model.EVENT_ENTITY} {obj.pk} changed while moving from {current} to {to}; read it again.",
             details={"entity": model.EVENT_ENTITY, "id": str(obj.pk), "expected": current},
         )
+    for extra, pk in zip(also_insert, pks, strict=True):
+        extra.pk = pk
+        extra._state.adding = False
     for field, value in values.items():
         if field in computed:
             value = model._meta.get_field(field).to_python(row[computed.index(field)])

@@ -78,6 +78,53 @@ def test_update_returns_the_columns_asked_for_or_none(agent):
                       returning=("attempt_count",)) is None
 
 
+def attempt_row(operation, number: int, **fields) -> dict:
+    return {"operation": operation, "number": number, "fencing_token": 1, "worker": "w", "started_at": timezone.now(),
+            "finished_at": None, "fact": "", "error_class": "", "error_code": "", "raw_response": None,
+            "latency_ms": None, "stale": False, **fields}
+
+
+def test_update_then_write_writes_the_rows_that_go_with_a_matched_update_and_returns_their_keys(agent):
+    operation = make_operation(agent)
+    earlier = Attempt.objects.create(operation=operation, number=1, fencing_token=1)
+    event = {"tenant_id": operation.tenant_id, "entity": "operation", "entity_id": operation.pk, "from_status": "x",
+             "to_status": "y", "actor": "t", "reason": "", "evidence": {"k": [1]}, "created_at": timezone.now()}
+    with CaptureQueriesContext(connection) as queries:
+        written = sql.update_then_write(
+            Operation, where={"pk": operation.pk, "status": operation.status}, values={"last_error": "moved"},
+            inserts=[(Event, event), (Attempt, attempt_row(operation, 2, raw_response={"r": 1}))],
+            updates=[(Attempt, {"pk": earlier.pk}, {"stale": True, "latency_ms": 12})])
+
+    event_pk, attempt_pk = written
+    assert Operation.objects.get(pk=operation.pk).last_error == "moved"
+    assert Event.objects.get(pk=event_pk).evidence == {"k": [1]}
+    second = Attempt.objects.get(pk=attempt_pk)
+    # NULLs of every type in the inserted row (integer, timestamp, JSON) land as NULLs.
+    assert (second.number, second.raw_response, second.latency_ms, second.finished_at) == (2, {"r": 1}, None, None)
+    assert Attempt.objects.filter(pk=earlier.pk, stale=True, latency_ms=12).exists()
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 4)
+
+
+def test_update_then_write_writes_nothing_when_the_update_matches_no_row(agent):
+    operation = make_operation(agent)
+    earlier = Attempt.objects.create(operation=operation, number=1, fencing_token=1)
+    events = Event.objects.count()
+
+    written = sql.update_then_write(
+        Operation, where={"pk": operation.pk, "status": "not-its-status"}, values={"last_error": "moved"},
+        inserts=[(Attempt, attempt_row(operation, 2))], updates=[(Attempt, {"pk": earlier.pk}, {"stale": True})])
+
+    assert written is None
+    assert Operation.objects.get(pk=operation.pk).last_error == ""
+    assert list(Attempt.objects.filter(operation=operation).values_list("number", "stale")) == [(1, False)]
+    assert Event.objects.count() == events
+
+
+def test_update_then_write_needs_the_primary_key(agent):
+    with pytest.raises(ValueError, match="primary key"):
+        sql.update_then_write(Operation, where={"status": "planned"}, values={"last_error": "x"})
+
+
 def test_a_json_null_receipt_is_stored_as_sql_null(agent):
     operation = make_operation(agent)
     sql.update(Operation, where={"pk": operation.pk}, values={"receipt": None})
@@ -138,5 +185,5 @@ def test_on_postgresql_the_hot_path_statements_are_prepared_once_per_connection(
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [row[0] for row in cursor.fetchall()]
     assert any("FROM ledger_operation o" in text for text in prepared)  # the claim
-    assert any(text.startswith('INSERT INTO "ledger_call"') for text in prepared)
+    assert any('INSERT INTO "ledger_call"' in text for text in prepared)  # the proposal's writes
     assert len(prepared) == len(set(prepared))  # each once, however often it ran

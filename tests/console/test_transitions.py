@@ -8,7 +8,7 @@ from django.db.models import F
 
 from console.lib.errors import Conflict, IllegalTransition
 from console.lib.transitions import record_event, transition
-from ledger.models import Event, Operation, OperationStatus
+from ledger.models import Attempt, Event, Operation, OperationStatus
 from runs.models import Task, TaskStatus
 from tests.factories import event_count, events_of, make_operation, make_task
 
@@ -44,6 +44,28 @@ def test_it_writes_changes_with_the_status_and_refreshes_them(agent):
 
     assert task.version == 2
     assert Task.objects.get(pk=task.pk).version == 2
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["plain values", "F() expressions"])
+def test_rows_that_go_with_a_move_are_written_with_it_and_only_with_it(agent, computed):
+    operation = make_operation(agent, status=S.AUTHORIZED)
+    first = Attempt.objects.create(operation=operation, number=1, fencing_token=1)
+    changes = {"attempt_count": F("attempt_count") + 1} if computed else {"attempt_count": 1}
+    second = Attempt(operation=operation, number=2, fencing_token=2)
+
+    transition(operation, to=S.DISPATCHED, actor="a", changes=changes, also_insert=[second],
+               also_update=[(Attempt, {"pk": first.pk}, {"stale": True})])
+
+    assert second.pk is not None and second._state.adding is False
+    assert Attempt.objects.get(pk=second.pk).number == 2
+    assert Attempt.objects.get(pk=first.pk).stale is True
+    third = Attempt(operation=operation, number=3, fencing_token=3)
+    operation.status = S.AUTHORIZED  # stale in memory: the compare-and-set loses
+    with pytest.raises(Conflict):
+        transition(operation, to=S.DISPATCHED, actor="a", changes=changes, also_insert=[third],
+                   also_update=[(Attempt, {"pk": first.pk}, {"stale": False})])
+    assert third.pk is None
+    assert list(Attempt.objects.filter(operation=operation).values_list("number", "stale")) == [(1, True), (2, False)]
 
 
 def test_it_bumps_updated_at(agent):

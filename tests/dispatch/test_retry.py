@@ -254,7 +254,8 @@ def test_known_failures_do_not_open_the_circuit(agent, tools, unique, circuit):
 # -- the stored verdict (ToolCircuit): what a claim reads instead of counting attempts -----------
 
 def circuit_counts(queries) -> list[str]:
-    return [q["sql"] for q in queries if "ledger_attempt" in q["sql"] and "COUNT" in q["sql"].upper()]
+    # COUNT( as a function: the claim's own statement names the attempt_count column.
+    return [q["sql"] for q in queries if "ledger_attempt" in q["sql"] and "COUNT(" in q["sql"].upper()]
 
 
 @pytest.mark.django_db
