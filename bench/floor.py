@@ -16,7 +16,6 @@ Two shapes:
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,9 +106,6 @@ def _renamed(value: Any, names: dict[str, str]) -> Any:
 class Replayer:
     """Sends a recording again on its own psycopg connection, under new IDs each time."""
 
-    _counter = iter(range(1, 1 << 62))
-    _lock = threading.Lock()
-
     def __init__(self, url: str, recording: Recording, *, pipelined: bool) -> None:
         import psycopg
 
@@ -118,12 +114,9 @@ class Replayer:
         self.conn = psycopg.connect(url, autocommit=True, prepare_threshold=2)
 
     def _names(self) -> dict[str, str]:
-        with self._lock:
-            n = next(self._counter)
         operation_id, call_id, step_id = self.recording.ids
-        tag = f"{uuid.uuid4().hex[:20]}{n:012x}"
-        return {operation_id: f"op_{tag}", call_id: f"floor-call-{tag[:12]}{n}",
-                step_id: f"floor-step-{tag[:12]}{n}"}
+        tag = uuid.uuid4().hex
+        return {operation_id: f"op_{tag}", call_id: f"floor-call-{tag}", step_id: f"floor-step-{tag}"}
 
     def replay(self) -> None:
         """One lifecycle's statements under new IDs. Every statement must touch as many rows as

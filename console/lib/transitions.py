@@ -46,25 +46,17 @@ def event_row(
     )
 
 
-EVENT_COLUMNS = ("tenant_id", "entity", "entity_id", "from_status", "to_status", "actor", "reason", "evidence",
-                 "created_at")
-
-
 def record_events(rows: list) -> list:
     """Append event rows built by `event_row` in one statement (inside the caller's transaction)."""
     from console.live import ring_doorbell_on_commit
     from ledger.models import Event
 
     ring_doorbell_on_commit()
-    ids = sql.insert(Event, [_columns_of(row) for row in rows], returning=("id",))
+    ids = sql.insert(Event, [sql.values_of(row) for row in rows], returning=("id",))
     for row, (pk,) in zip(rows, ids, strict=True):
         row.pk = pk
         row._state.adding = False
     return rows
-
-
-def _columns_of(event) -> dict[str, Any]:
-    return {name: getattr(event, name) for name in EVENT_COLUMNS}
 
 
 def record_event(**fields: Any):
@@ -112,7 +104,6 @@ def transition(
     # the block and leaves the caller's transaction usable. A failed event insert still aborts
     # the whole transaction: the status never moves without its event row.
     from console.live import ring_doorbell_on_commit
-    from ledger.models import Event
 
     event = event_row(entity=model.EVENT_ENTITY, entity_id=str(obj.pk), tenant_id=getattr(obj, "tenant_id", None),
                       from_status=current, to_status=to, actor=actor, reason=reason, evidence=evidence)
@@ -131,7 +122,7 @@ def transition(
         else:
             # The row, its event and the rows that go with the move in one statement where the
             # database can (PostgreSQL).
-            inserts = [(Event, _columns_of(event))] + [(type(extra), sql.values_of(extra)) for extra in also_insert]
+            inserts = [(type(row), sql.values_of(row)) for row in (event, *also_insert)]
             written = sql.update_then_write(model, where=filters, values=values, inserts=inserts,
                                             updates=also_update)
             updated = 0 if written is None else 1
