@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from console.models import RiskTier
+from console.models import Event, RiskTier
 
 
 class Tool(models.Model):
@@ -134,7 +134,7 @@ class ApprovalRequest(models.Model):
     version and an expiry. Approving anything else is approving something nobody saw."""
 
     TRANSITIONS = APPROVAL_TRANSITIONS
-    EVENT_ENTITY = "approval"
+    EVENT_ENTITY = Event.Entity.APPROVAL
 
     approval_id = models.CharField(max_length=64, primary_key=True)
     tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="approval_requests")

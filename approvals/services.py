@@ -17,6 +17,7 @@ from console.access import reviewer_max_tier
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
+from console.models import Event
 from console.tracing import tracer
 from ledger import services as ledger_services
 from ledger.models import Operation, OperationStatus
@@ -63,7 +64,7 @@ def approval_request_create(
         )
         record_event(
             entity=ApprovalRequest.EVENT_ENTITY, entity_id=request.approval_id, tenant_id=request.tenant_id,
-            to_status=request.status, actor=actor,
+            kind=Event.Kind.CREATED, to_status=request.status, actor=actor,
             reason=f"L{risk_tier} call {call_id} needs {approvals_needed} approval(s)",
             evidence={"operation_id": operation.operation_id, "arguments_hash": request.arguments_hash,
                       "reasons": reasons},
@@ -109,7 +110,7 @@ def approval_approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: st
         if approvals < request.approvals_needed:
             record_event(
                 entity=ApprovalRequest.EVENT_ENTITY, entity_id=request.approval_id, tenant_id=request.tenant_id,
-                from_status=request.status, to_status=request.status, actor=user_ref(reviewer),
+                kind=Event.Kind.APPROVAL_GIVEN, to_status=request.status, actor=user_ref(reviewer),
                 reason=f"approval {approvals} of {request.approvals_needed}: {reason}".strip(),
                 evidence={"arguments_hash": request.arguments_hash},
             )

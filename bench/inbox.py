@@ -426,7 +426,7 @@ def stage_breakdown(result: dict) -> list[tuple[str, float, float]]:
     """Where the time goes, per delivery, from the consumers' timing log (console.live.timing)
     joined to the commit and receive times measured here (one clock: this machine's)."""
     from approvals.models import ApprovalRequest
-    from ledger.models import Event
+    from console.models import Event
 
     if not TIMING_LOG.exists():
         return []

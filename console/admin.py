@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from console.models import AgentPrincipal, Membership, Tenant
+from console.lib.admin import ReadOnlyAdmin
+from console.models import AgentPrincipal, Event, Membership, Tenant
 
 
 class MembershipInline(admin.TabularInline):
@@ -44,3 +45,10 @@ class AgentPrincipalAdmin(admin.ModelAdmin):
             token = principal.set_token()
             principal.save(update_fields=["token_hash", "token_prefix"])
             messages.warning(request, f"New token for {principal.name} (shown once): {token}")
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ["id", "entity", "entity_id", "kind", "from_status", "to_status", "actor", "created_at"]
+    list_filter = ["entity", "kind", "to_status"]
+    search_fields = ["entity_id", "actor"]

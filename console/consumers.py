@@ -214,7 +214,7 @@ class Tail:
         return bool(new)
 
     def _read_sync(self) -> list:
-        from ledger.models import Event
+        from console.models import Event
 
         start = self.floor
         if start is None:

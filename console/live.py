@@ -104,7 +104,7 @@ def register(stream: Stream) -> None:
 
 def events_after(*, user: AbstractBaseUser | None = None, stream: Stream, after_id: int, limit: int = 200,
                  tenant_ids: frozenset[int] | None = None) -> list:
-    from ledger.models import Event
+    from console.models import Event
 
     if tenant_ids is None:
         tenant_ids = frozenset(tenant_ids_for(user, *stream.roles))
@@ -115,7 +115,7 @@ def events_after(*, user: AbstractBaseUser | None = None, stream: Stream, after_
 
 
 def latest_event_id() -> int:
-    from ledger.models import Event
+    from console.models import Event
 
     return Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
 

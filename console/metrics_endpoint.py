@@ -11,7 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from ledger.models import Event, Operation
+from console.models import Event
+from ledger.models import Operation
 from runs.models import Task
 
 

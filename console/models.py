@@ -1,4 +1,5 @@
-"""Who is asking: tenants, the roles of people in them, and agent principals with API tokens."""
+"""The ground floor's records: who is asking (tenants, the roles of people in them, agent
+principals with API tokens) and the append-only event log every app writes to."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class RiskTier(models.IntegerChoices):
@@ -89,3 +91,58 @@ class AgentPrincipal(models.Model):
         self.token_hash = hash_token(token)
         self.token_prefix = token[:8]
         return token
+
+
+class Event(models.Model):
+    """Append-only: written in the same transaction as every change of every record.
+
+    The live views are the tail of this table (ordered by id), so a client that reconnects asks
+    for events after the last id it saw. On PostgreSQL a trigger refuses UPDATE and DELETE.
+    `to_status` is the entity's status after the event; `from_status` is set only for a
+    transition. What happened is `kind`: most events are transitions, the rest say their name
+    instead of posing as a move from a status to itself.
+    """
+
+    class Entity(models.TextChoices):
+        TASK = "task"
+        OPERATION = "operation"
+        APPROVAL = "approval"
+        CALL = "call"
+        LEASE = "lease"
+        PROVIDER_QUERY = "provider_query"
+
+    class Kind(models.TextChoices):
+        TRANSITION = "transition", "transition"
+        CREATED = "created", "created"  # the record came to be; to_status is its first status
+        APPROVAL_GIVEN = "approval_given", "approval given"  # one of several; still pending
+        REASSIGNED = "reassigned", "reassigned"  # a manual case handed to another support person
+        LEASE_ACQUIRED = "lease_acquired", "lease acquired"
+        LEASE_TAKEN_OVER = "lease_taken_over", "lease taken over"
+        PROVIDER_ANSWER = "provider_answer", "provider answered"  # to_status is the answer
+        CALL_REFUSED = "call_refused", "call refused"
+        CALL_MAPPED = "call_mapped", "call mapped"  # a new call ID for a step already in the ledger
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, null=True, related_name="+")
+    entity = models.CharField(max_length=32, choices=Entity.choices)
+    entity_id = models.CharField(max_length=64)
+    kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.TRANSITION)
+    from_status = models.CharField(max_length=32, blank=True)
+    to_status = models.CharField(max_length=32, blank=True)
+    actor = models.CharField(max_length=160)
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        # The table keeps the name it was created with: the append-only trigger is bound to it.
+        db_table = "ledger_event"
+        indexes = [
+            models.Index(fields=["entity", "entity_id", "id"], name="event_entity_idx"),
+            models.Index(fields=["tenant", "id"], name="event_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        if self.kind == self.Kind.TRANSITION:
+            return f"#{self.id} {self.entity}:{self.entity_id} {self.from_status or '∅'}→{self.to_status}"
+        return f"#{self.id} {self.entity}:{self.entity_id} {self.kind} {self.to_status}".rstrip()

@@ -9,8 +9,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from console.access import tenant_ids_for
-from console.models import RiskTier
-from ledger.models import Event
+from console.models import Event, RiskTier
 from runs import metrics
 from runs.models import Task
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from console.lib.admin import ReadOnlyAdmin
-from ledger.models import Attempt, Call, Event, Operation
+from ledger.models import Attempt, Call, Operation
 
 
 class AttemptInline(admin.TabularInline):
@@ -36,10 +36,3 @@ class AttemptAdmin(ReadOnlyAdmin):
 class CallAdmin(ReadOnlyAdmin):
     list_display = ["call_id", "task", "operation", "created_at"]
     search_fields = ["call_id", "operation__operation_id"]
-
-
-@admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
-    list_display = ["id", "entity", "entity_id", "from_status", "to_status", "actor", "created_at"]
-    list_filter = ["entity", "to_status"]
-    search_fields = ["entity_id", "actor"]

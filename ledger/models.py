@@ -5,33 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-
-class Event(models.Model):
-    """Append-only: written in the same transaction as every transition of every record.
-
-    The live views are the tail of this table (ordered by id), so a client that reconnects asks
-    for events after the last id it saw. On PostgreSQL a trigger refuses UPDATE and DELETE.
-    """
-
-    id = models.BigAutoField(primary_key=True)
-    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, null=True, related_name="+")
-    entity = models.CharField(max_length=32)
-    entity_id = models.CharField(max_length=64)
-    from_status = models.CharField(max_length=32, blank=True)
-    to_status = models.CharField(max_length=32)
-    actor = models.CharField(max_length=160)
-    reason = models.TextField(blank=True)
-    evidence = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        indexes = [
-            models.Index(fields=["entity", "entity_id", "id"], name="event_entity_idx"),
-            models.Index(fields=["tenant", "id"], name="event_tenant_idx"),
-        ]
-
-    def __str__(self) -> str:
-        return f"#{self.id} {self.entity}:{self.entity_id} {self.from_status or '∅'}→{self.to_status}"
+from console.models import Event
 
 
 class OperationStatus(models.TextChoices):
@@ -79,7 +53,7 @@ class Operation(models.Model):
     idempotency key sent to the provider unless the tool defines a business key."""
 
     TRANSITIONS = OPERATION_TRANSITIONS
-    EVENT_ENTITY = "operation"
+    EVENT_ENTITY = Event.Entity.OPERATION
 
     operation_id = models.CharField(max_length=64, primary_key=True)
     tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="operations")

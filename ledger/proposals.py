@@ -33,10 +33,10 @@ from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
 from console.lib.ids import derive_operation_id
 from console.lib.transitions import record_event
-from console.models import AgentPrincipal, Tenant
+from console.models import AgentPrincipal, Event, Tenant
 from console.tracing import tracer
 from ledger import services as ledger_services
-from ledger.models import Call, Event, Operation, OperationStatus
+from ledger.models import Call, Operation, OperationStatus
 from ledger.selectors import (
     AWAITING_APPROVAL,
     DISPATCHED,
@@ -50,7 +50,7 @@ from runs.models import Lease, Step, Task, TaskStatus
 GATE_ACTOR = "system:gate"
 MAX_CALL_ID = 64
 MAX_STEP_ID = 128
-CALL_ENTITY = "call"
+CALL_ENTITY = Event.Entity.CALL
 
 # A task proposes calls only while it runs; waiting for one approval does not stop it from
 # proposing the next (independent) step.
@@ -315,7 +315,8 @@ def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task,
                        args_hash=args_hash)
     answer = _answer(operation, task=task, call_id=call_id)
     record_event(
-        entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, to_status=answer.decision,
+        entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, kind=Event.Kind.CALL_MAPPED,
+        to_status=answer.decision,
         actor=principal.ref,
         reason=f"same step as call {operation.call_id}: answered from operation {operation.operation_id}",
         evidence={"operation_id": operation.operation_id, "status": operation.status, "task_id": task.task_id},
@@ -346,7 +347,8 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
             evidence={"budgets": list(result.exhausted_budgets), "call_id": call_id, "reasons": list(result.reasons)},
         )
     record_event(
-        entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, to_status=REFUSED, actor=principal.ref,
+        entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, kind=Event.Kind.CALL_REFUSED,
+        to_status=REFUSED, actor=principal.ref,
         reason="; ".join(result.reasons),
         evidence={"task_id": task.task_id, "step_id": step_id, "tool": tool.name,
                   "arguments_hash": result.arguments_hash, "risk_tier": result.risk_tier,

@@ -14,11 +14,12 @@ from django.utils import timezone
 
 from approvals.models import Tool
 from console.lib.errors import Conflict
+from console.models import Event
 from console.tracing import tracer
 from ledger import services
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, FOUND, PROCESSING
-from ledger.models import Event, Operation, OperationStatus
+from ledger.models import Operation, OperationStatus
 
 S = OperationStatus
 ACTOR = "system:reconciler"

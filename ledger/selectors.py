@@ -7,8 +7,8 @@ from typing import Any
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.errors import NotFound
-from console.models import AgentPrincipal
-from ledger.models import Call, Event, Operation, OperationStatus
+from console.models import AgentPrincipal, Event
+from ledger.models import Call, Operation, OperationStatus
 
 S = OperationStatus
 

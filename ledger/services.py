@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
-from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
+from console.models import Event
+from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.retry import circuit_note_failure, is_transient_failure
 
 S = OperationStatus
@@ -301,7 +302,7 @@ def operation_schedule_reconcile(*, operation_id: str, at, tries: int) -> None:
 def _created_row(operation: Operation, *, actor: str, to_status: str):
     return event_row(
         entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
-        to_status=to_status, actor=actor, reason=f"{operation.tool.name} call {operation.call_id}",
+        kind=Event.Kind.CREATED, to_status=to_status, actor=actor, reason=f"{operation.tool.name} call {operation.call_id}",
         evidence={"intent_hash": operation.intent_hash, "risk_tier": operation.risk_tier},
     )
 
@@ -327,7 +328,7 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
     return [
         _created_row(operation, actor=actor, to_status=S.PLANNED),
         event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
-                  from_status=S.PLANNED, to_status=S.AUTHORIZED, actor=authorized_by, reason=reason,
+                  kind=Event.Kind.TRANSITION, from_status=S.PLANNED, to_status=S.AUTHORIZED, actor=authorized_by, reason=reason,
                   evidence=evidence),
     ]
 

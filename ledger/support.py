@@ -32,15 +32,15 @@ from approvals.models import Tool
 from console.access import tenant_ids_for
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, NotPermitted
 from console.lib.transitions import record_event
-from console.models import Membership, Role
+from console.models import Event, Membership, Role
 from ledger import services
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer
-from ledger.models import Event, Operation, OperationStatus
+from ledger.models import Operation, OperationStatus
 
 S = OperationStatus
 
-PROVIDER_QUERY_ENTITY = "provider_query"
+PROVIDER_QUERY_ENTITY = Event.Entity.PROVIDER_QUERY
 UNSUPPORTED = "unsupported"
 # Who may look at the queue and an operation, and who may act on it.
 VIEW_ROLES = (Role.SUPPORT, Role.REVIEWER, Role.ADMIN)
@@ -158,7 +158,7 @@ def provider_query_run(*, operation_id: str, actor: str) -> Event:
     answer, asked_at, latency_ms = _ask_provider(operation)
     return record_event(
         entity=PROVIDER_QUERY_ENTITY, entity_id=operation_id, tenant_id=operation.tenant_id,
-        to_status=answer.state, actor=actor,
+        kind=Event.Kind.PROVIDER_ANSWER, to_status=answer.state, actor=actor,
         reason=f"asked {operation.tool.name} about key {operation.idempotency_key}",
         evidence={"key": operation.idempotency_key, "raw": answer.raw, "receipt": answer.receipt,
                   "asked_at": asked_at.isoformat(), "latency_ms": latency_ms,
@@ -323,7 +323,7 @@ def support_escalate(*, operation_id: str, user: AbstractBaseUser, assignee: str
             locked = _locked_resolvable(operation_id)
             if locked.status == S.MANUAL:
                 record_event(entity=Operation.EVENT_ENTITY, entity_id=operation_id, tenant_id=locked.tenant_id,
-                             from_status=S.MANUAL, to_status=S.MANUAL, actor=user_ref(user), reason=reason,
+                             kind=Event.Kind.REASSIGNED, to_status=S.MANUAL, actor=user_ref(user), reason=reason,
                              evidence=evidence)
             else:
                 services.operation_escalate_manual(operation_id=operation_id, actor=user_ref(user), reason=reason,

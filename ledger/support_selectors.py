@@ -19,7 +19,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from console.access import tenant_ids_for
-from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Call, Event, Operation, OperationStatus
+from console.models import Event
+from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Call, Operation, OperationStatus
 from ledger.support import PROVIDER_QUERY_ENTITY, VIEW_ROLES
 
 S = OperationStatus

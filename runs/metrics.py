@@ -19,7 +19,8 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncHour
 
 from console.lib.canonical import sha256_hex
-from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
+from console.models import Event
+from ledger.models import Attempt, Fact, Operation, OperationStatus
 from runs.models import ReleaseGate, Span, Task, TaskStatus
 from runs.pricing import PriceBook, format_money
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from console.models import Event
+
 
 class TaskStatus(models.TextChoices):
     QUEUED = "queued"
@@ -41,7 +43,7 @@ class Task(models.Model):
     """A task contract and its state. Every change is a compare-and-set on `version`."""
 
     TRANSITIONS = TASK_TRANSITIONS
-    EVENT_ENTITY = "task"
+    EVENT_ENTITY = Event.Entity.TASK
 
     task_id = models.CharField(max_length=64, primary_key=True)
     tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="tasks")

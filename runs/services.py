@@ -13,7 +13,7 @@ from django.utils import timezone
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
-from console.models import AgentPrincipal
+from console.models import AgentPrincipal, Event
 from runs.models import TASK_TERMINAL, Lease, Step, Task, TaskStatus
 
 
@@ -41,7 +41,7 @@ def task_create(
         )
         record_event(
             entity=Task.EVENT_ENTITY, entity_id=task.task_id, tenant_id=task.tenant_id,
-            to_status=task.status, actor=principal.ref, reason="task contract registered",
+            kind=Event.Kind.CREATED, to_status=task.status, actor=principal.ref, reason="task contract registered",
         )
     return task
 
@@ -167,7 +167,7 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Le
                     lease = Lease.objects.create(task=task, owner=owner, expires_at=expires_at, acquired_at=now)
             except IntegrityError as exc:
                 raise Conflict("Another worker took the lease at the same moment.") from exc
-            action = "acquired"
+            kind = Event.Kind.LEASE_ACQUIRED
         elif lease.owner == owner and lease.is_live(now):
             updated = Lease.objects.filter(
                 task_id=task_id, owner=owner, fencing_token=lease.fencing_token
@@ -191,12 +191,13 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Le
             if updated != 1:
                 raise Conflict("Another worker took the lease at the same moment.")
             lease.refresh_from_db()
-            action = "taken over"
+            kind = Event.Kind.LEASE_TAKEN_OVER
             _doubt_in_flight_operations(task, reason=f"lease taken over by {owner} (token {lease.fencing_token})")
         record_event(
-            entity="lease", entity_id=task_id, tenant_id=task.tenant_id,
-            from_status="", to_status=f"token:{lease.fencing_token}", actor=f"worker:{owner}",
-            reason=f"lease {action}", evidence={"generation": lease.generation, "expires_at": expires_at.isoformat()},
+            entity=Event.Entity.LEASE, entity_id=task_id, tenant_id=task.tenant_id, kind=kind,
+            actor=f"worker:{owner}", reason=f"{Event.Kind(kind).label} by {owner}",
+            evidence={"fencing_token": lease.fencing_token, "generation": lease.generation,
+                      "expires_at": expires_at.isoformat()},
         )
     return lease
 

@@ -16,8 +16,8 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest
 from console.access import tenant_ids_for
 from console.live import latest_event_id
-from console.models import Tenant
-from ledger.models import Event, Operation
+from console.models import Event, Tenant
+from ledger.models import Operation
 from runs.models import TASK_TERMINAL, Task, TaskStatus
 from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows, trace_state

@@ -13,9 +13,9 @@ from approvals import services as approval_services
 from approvals.models import ApprovalRequest, Tool
 from console.lib.canonical import arguments_hash, intent_hash
 from console.lib.ids import derive_operation_id
-from console.models import AgentPrincipal
+from console.models import AgentPrincipal, Event
 from ledger import services as ledger_services
-from ledger.models import Attempt, Call, Event, Fact, Operation, OperationStatus
+from ledger.models import Attempt, Call, Fact, Operation, OperationStatus
 from runs import services as run_services
 from runs.models import Lease, Task
 

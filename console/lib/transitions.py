@@ -18,6 +18,8 @@ from django.utils import timezone
 
 from console.lib import sql
 from console.lib.errors import Conflict, IllegalTransition
+from console.live import ring_doorbell_on_commit
+from console.models import Event
 
 
 def event_row(
@@ -25,19 +27,22 @@ def event_row(
     entity: str,
     entity_id: str,
     tenant_id: int | None,
-    to_status: str,
+    kind: str,
     actor: str,
+    to_status: str = "",
     from_status: str = "",
     reason: str = "",
     evidence: dict[str, Any] | None = None,
-):
-    """An unsaved event row, for `record_events` (several transitions written in one INSERT)."""
-    from ledger.models import Event
-
+) -> Event:
+    """An unsaved event row, for `record_events` (several events written in one INSERT).
+    Only `transition()` writes kind TRANSITION: a status change goes through it."""
+    if (kind == Event.Kind.TRANSITION) != bool(from_status):
+        raise ValueError("A transition names the status it leaves; no other kind of event does.")
     return Event(
         tenant_id=tenant_id,
         entity=entity,
         entity_id=str(entity_id),
+        kind=kind,
         from_status=from_status,
         to_status=to_status,
         actor=actor,
@@ -46,11 +51,8 @@ def event_row(
     )
 
 
-def record_events(rows: list) -> list:
+def record_events(rows: list[Event]) -> list[Event]:
     """Append event rows built by `event_row` in one statement (inside the caller's transaction)."""
-    from console.live import ring_doorbell_on_commit
-    from ledger.models import Event
-
     ring_doorbell_on_commit()
     ids = sql.insert(Event, [sql.values_of(row) for row in rows], returning=("id",))
     for row, (pk,) in zip(rows, ids, strict=True):
@@ -59,7 +61,7 @@ def record_events(rows: list) -> list:
     return rows
 
 
-def record_event(**fields: Any):
+def record_event(**fields: Any) -> Event:
     """Append one event row (the keyword arguments of `event_row`) inside the caller's transaction."""
     return record_events([event_row(**fields)])[0]
 
@@ -103,10 +105,9 @@ def transition(
     # transaction, and a lost compare-and-set writes nothing, so the Conflict is raised after
     # the block and leaves the caller's transaction usable. A failed event insert still aborts
     # the whole transaction: the status never moves without its event row.
-    from console.live import ring_doorbell_on_commit
-
     event = event_row(entity=model.EVENT_ENTITY, entity_id=str(obj.pk), tenant_id=getattr(obj, "tenant_id", None),
-                      from_status=current, to_status=to, actor=actor, reason=reason, evidence=evidence)
+                      kind=Event.Kind.TRANSITION, from_status=current, to_status=to, actor=actor, reason=reason,
+                      evidence=evidence)
     with transaction.atomic(savepoint=False):
         if computed:
             # F() expressions: the database computes them; RETURNING reads them back in the

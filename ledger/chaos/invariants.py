@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from console.models import Event
 from ledger.models import (
     OPERATION_TERMINAL,
     OPERATION_TRANSITIONS,
     Attempt,
-    Event,
     Operation,
     OperationStatus,
 )
@@ -91,14 +91,18 @@ def check_operation(operation_id: str, *, effects: int) -> list[Finding]:
     if operation.status in NO_EFFECT_STATUSES and effects:
         bad(VIOLATION, f"{operation.status}, but the provider has {effects} effect(s)")
 
-    # The event log: legal moves only, contiguous, ending where the row is.
+    # The event log: created planned, then legal moves only, contiguous, ending where the row is.
+    # Events of other kinds (a reassignment) leave the status where it was.
     previous = None
     for event in events:
         if previous is None:
-            if event.to_status != S.PLANNED or event.from_status:
-                bad(VIOLATION, f"first event is {event.from_status or '∅'}→{event.to_status}, not ∅→planned")
+            if event.kind != Event.Kind.CREATED or event.to_status != S.PLANNED:
+                bad(VIOLATION, f"first event is {event.kind} {event.to_status}, not created planned")
+        elif event.kind != Event.Kind.TRANSITION:
+            if event.to_status != previous:
+                bad(VIOLATION, f"event #{event.id} ({event.kind}) says {event.to_status}, the status was {previous}")
         else:
-            if event.from_status and event.from_status != previous:
+            if event.from_status != previous:
                 bad(VIOLATION, f"event #{event.id} starts from {event.from_status}, the previous ended in {previous}")
             if event.to_status not in OPERATION_TRANSITIONS.get(previous, frozenset()):
                 bad(VIOLATION, f"illegal move {previous}→{event.to_status} (event #{event.id})")

@@ -29,6 +29,7 @@ from django.utils import timezone
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from console.lib.errors import Conflict, DomainError, IntentMismatch
+from console.models import Event
 from ledger.chaos import invariants
 from ledger.chaos.invariants import Expect, Finding
 from ledger.chaos.stack import ChaosStack
@@ -41,7 +42,7 @@ from ledger.chaos.world import (
     refund_arguments,
     start_task,
 )
-from ledger.models import Attempt, Call, Event, Operation, OperationStatus
+from ledger.models import Attempt, Call, Operation, OperationStatus
 from ledger.proposals import call_propose
 from ledger.sandbox.client import effects as provider_effects
 from runs import services as run_services

@@ -24,6 +24,7 @@ from django.utils import timezone
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from console.lib.procs import wait_until
+from console.models import Event
 from ledger.chaos import invariants
 from ledger.chaos.dbdrop import connection_drop
 from ledger.chaos.invariants import Expect, Finding
@@ -43,7 +44,7 @@ from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS 
     propose,
     wait_status,
 )
-from ledger.models import Attempt, Event, Operation, OperationStatus
+from ledger.models import Attempt, Operation, OperationStatus
 from ledger.retry import backoff_bounds
 from ledger.sandbox.client import effects as provider_effects
 from ledger.tasks import dispatch_operation

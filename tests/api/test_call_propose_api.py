@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import ApprovalRequest
-from ledger.models import Attempt, Call, Event, Operation
+from console.models import Event
+from ledger.models import Attempt, Call, Operation
 from tests.api.conftest import MAIL, assert_error, call_body, refund
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")

@@ -12,7 +12,8 @@ from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from console.lib.canonical import arguments_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import derive_operation_id
-from ledger.models import Attempt, Call, Event, Operation
+from console.models import Event
+from ledger.models import Attempt, Call, Operation
 from ledger.proposals import call_propose
 from runs import services as run_services
 from runs.models import Task

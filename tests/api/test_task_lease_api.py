@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.models import Event
+from console.models import Event
 from runs.models import Lease
 from runs.services import task_create
 from tests.api.conftest import assert_error

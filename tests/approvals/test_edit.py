@@ -13,7 +13,8 @@ from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.canonical import arguments_hash
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from console.lib.ids import derive_operation_id
-from ledger.models import Call, Event, Operation, OperationStatus
+from console.models import Event
+from ledger.models import Call, Operation, OperationStatus
 from ledger.proposals import call_propose
 from tests.api.conftest import start_task
 

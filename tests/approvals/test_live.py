@@ -37,7 +37,7 @@ async def receive_naming(socket, approval_id: str, last_id: int | None = None) -
 
 
 def test_each_reviewer_sees_their_own_tier_and_their_own_approval(reviewer, senior, senior2, make_approval):
-    from ledger.models import Event
+    from console.models import Event
 
     users = (reviewer, senior, senior2)
     headers = [session_headers(Client(), user) for user in users]

@@ -11,6 +11,7 @@ from django.utils import timezone
 from approvals import services
 from approvals.models import APPROVAL_TRANSITIONS, ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound, NotPermitted
+from console.models import Event
 from ledger.models import Operation, OperationStatus
 from tests.conftest import make_user
 from tests.factories import (
@@ -136,7 +137,7 @@ def test_two_approvals_from_distinct_reviewers_are_needed_at_l4(l4, senior, seni
     assert status_of(l4) == A.PENDING
     assert op_status(l4) == S.PLANNED
     interim = events_of("approval", l4.approval_id)[-1]
-    assert (interim.from_status, interim.to_status) == (A.PENDING, A.PENDING)
+    assert (interim.kind, interim.from_status, interim.to_status) == (Event.Kind.APPROVAL_GIVEN, "", A.PENDING)
     assert "approval 1 of 2" in interim.reason
     operation_events = event_count("operation", l4.operation_id)
 

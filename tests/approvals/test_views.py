@@ -8,7 +8,8 @@ from django.urls import reverse
 from approvals.live import encode_inbox_arg, render_approval, render_inbox, render_inbox_counts
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.selectors import InboxFilters
-from ledger.models import Event, Operation
+from console.models import Event
+from ledger.models import Operation
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,8 @@ from psycopg.conninfo import make_conninfo
 
 from bench import floor
 from bench import ledger as bench
-from ledger.models import Attempt, Call, Event, Operation, OperationStatus
+from console.models import Event
+from ledger.models import Attempt, Call, Operation, OperationStatus
 from runs.models import Step
 
 pytestmark = [

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, expect
 
-from console.models import Role
+from console.models import Event, Role
 from ledger import services as ledger_services
-from ledger.models import Event, Operation, OperationStatus
+from ledger.models import Operation, OperationStatus
 from ledger.sandbox.process import SandboxProcess
 from tests.asgi import AsgiServer
 from tests.conftest import make_user

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from console.lib.transitions import record_event
+from console.models import Event
 from ledger.chaos.invariants import (
     DUPLICATE,
     LOST,
@@ -53,7 +54,7 @@ def test_an_authorized_operation_never_attempted_is_lost_and_a_dispatched_one_is
 def test_an_illegal_move_in_the_event_log_is_a_violation(agent):
     operation = make_operation(agent, status=S.CONFIRMED)
     record_event(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
-                 from_status=S.CONFIRMED, to_status=S.DISPATCHED, actor="test")
+                 kind=Event.Kind.TRANSITION, from_status=S.CONFIRMED, to_status=S.DISPATCHED, actor="test")
     findings = check_operation(operation.operation_id, effects=1)
     assert VIOLATION in kinds(findings)
     assert any("illegal move confirmed→dispatched" in finding.message for finding in findings)

@@ -9,6 +9,7 @@ from django.db import transaction
 
 from console import live
 from console.lib.transitions import record_event
+from console.models import Event
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +19,8 @@ def test_a_transaction_with_two_events_rings_once_after_commit(monkeypatch, tena
     monkeypatch.setattr(live, "SERVING", True)
     with django_capture_on_commit_callbacks() as callbacks, transaction.atomic():
         for n in range(2):
-            record_event(entity="task", entity_id=f"t{n}", tenant_id=tenant.id, to_status="queued", actor="a")
+            record_event(entity="task", entity_id=f"t{n}", tenant_id=tenant.id, kind=Event.Kind.CREATED,
+                             to_status="queued", actor="a")
     assert [cb for cb in callbacks if cb is live._ring] == [live._ring]
 
 
@@ -38,5 +40,6 @@ def test_outside_the_server_an_in_process_layer_is_not_rung(monkeypatch, setting
     monkeypatch.setattr(live, "SERVING", False)
     settings.CHANNEL_LAYER_URL = "memory://"
     with django_capture_on_commit_callbacks() as callbacks, transaction.atomic():
-        record_event(entity="task", entity_id="t", tenant_id=tenant.id, to_status="queued", actor="a")
+        record_event(entity="task", entity_id="t", tenant_id=tenant.id, kind=Event.Kind.CREATED, to_status="queued",
+                     actor="a")
     assert live._ring not in callbacks

@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from channels.db import database_sync_to_async
 
-from ledger.models import Event
+from console.models import Event
 from tests.factories import make_task
 
 pytestmark = [

@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from console.lib import sql
-from ledger.models import Attempt, Event, Operation
+from console.models import Event
+from ledger.models import Attempt, Operation
 from runs.models import Step, Task
 from tests.factories import make_operation, make_task
 
@@ -87,7 +88,7 @@ def attempt_row(operation, number: int, **fields) -> dict:
 def test_update_then_write_writes_the_rows_that_go_with_a_matched_update_and_returns_their_keys(agent):
     operation = make_operation(agent)
     earlier = Attempt.objects.create(operation=operation, number=1, fencing_token=1)
-    event = {"tenant_id": operation.tenant_id, "entity": "operation", "entity_id": operation.pk, "from_status": "x",
+    event = {"tenant_id": operation.tenant_id, "entity": "operation", "entity_id": operation.pk, "kind": "transition", "from_status": "x",
              "to_status": "y", "actor": "t", "reason": "", "evidence": {"k": [1]}, "created_at": timezone.now()}
     with CaptureQueriesContext(connection) as queries:
         written = sql.update_then_write(
@@ -150,7 +151,7 @@ def test_a_unique_violation_without_ignore_conflicts_is_djangos_integrity_error(
 
 
 def test_several_rows_in_one_statement_keep_their_order(tenant):
-    rows = [{"tenant_id": tenant.pk, "entity": "x", "entity_id": str(n), "from_status": "", "to_status": "t",
+    rows = [{"tenant_id": tenant.pk, "entity": "x", "entity_id": str(n), "kind": "created", "from_status": "", "to_status": "t",
              "actor": "a", "reason": "", "evidence": {"n": n}, "created_at": timezone.now()} for n in range(3)]
     with CaptureQueriesContext(connection) as queries:
         ids = [pk for (pk,) in sql.insert(Event, rows, returning=("id",))]

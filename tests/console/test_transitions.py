@@ -8,7 +8,8 @@ from django.db.models import F
 
 from console.lib.errors import Conflict, IllegalTransition
 from console.lib.transitions import record_event, transition
-from ledger.models import Attempt, Event, Operation, OperationStatus
+from console.models import Event
+from ledger.models import Attempt, Operation, OperationStatus
 from runs.models import Task, TaskStatus
 from tests.factories import event_count, events_of, make_operation, make_task
 
@@ -138,7 +139,16 @@ def test_a_rollback_after_the_move_takes_the_event_with_it(agent):
 
 
 def test_record_event_stores_the_entity_id_as_text(tenant):
-    event = record_event(entity="lease", entity_id=42, tenant_id=tenant.pk, to_status="token:1", actor="w")
+    event = record_event(entity="lease", entity_id=42, tenant_id=tenant.pk, kind=Event.Kind.LEASE_ACQUIRED, actor="w")
 
     assert Event.objects.get(pk=event.pk).entity_id == "42"
     assert Event.objects.get(pk=event.pk).evidence == {}
+
+
+def test_only_a_transition_names_the_status_it_leaves(tenant):
+    with pytest.raises(ValueError):
+        record_event(entity="task", entity_id="t", tenant_id=tenant.pk, kind=Event.Kind.CREATED,
+                     from_status="queued", to_status="running", actor="a")
+    with pytest.raises(ValueError):
+        record_event(entity="task", entity_id="t", tenant_id=tenant.pk, kind=Event.Kind.TRANSITION,
+                     to_status="running", actor="a")

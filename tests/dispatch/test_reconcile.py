@@ -8,10 +8,11 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import Tool
+from console.models import Event
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT
 from ledger.dispatcher import run_dispatch
-from ledger.models import Event, Fact, Operation, OperationStatus
+from ledger.models import Fact, Operation, OperationStatus
 from ledger.reconcile import run_reconcile
 from ledger.sandbox.client import wait_for
 from tests.dispatch.conftest import (

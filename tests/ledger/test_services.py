@@ -10,8 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
+from console.models import Event
 from ledger import services
-from ledger.models import OPERATION_TRANSITIONS, Attempt, Event, Fact, Operation, OperationStatus
+from ledger.models import OPERATION_TRANSITIONS, Attempt, Fact, Operation, OperationStatus
 from tests.factories import (
     concurrent_writer,
     current_attempt,

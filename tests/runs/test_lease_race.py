@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from console.lib.errors import Conflict
-from ledger.models import Event
+from console.models import Event
 from ledger.proposals import call_propose
 from runs.models import Lease, Task
 from runs.services import lease_acquire, task_create, task_transition

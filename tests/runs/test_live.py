@@ -8,7 +8,7 @@ import re
 import pytest
 from asgiref.sync import async_to_sync
 
-from ledger.models import Event
+from console.models import Event
 from runs.services import lease_acquire, task_create, task_transition
 from tests.console.test_live import (
     WebsocketCommunicator,

@@ -10,7 +10,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound, NotPermitted
-from ledger.models import Event
+from console.models import Event
 from runs import services
 from runs.models import TASK_TRANSITIONS, Lease, Task, TaskStatus
 from tests.factories import concurrent_writer, event_count, events_of, make_lease, make_task
@@ -344,7 +344,7 @@ def test_lease_acquire_grants_the_first_lease_with_token_one_and_an_event(task):
     assert stored.expires_at == now + timedelta(seconds=30)
     assert lease.fencing_token == 1
     [event] = events_of("lease", task.task_id)
-    assert event.to_status == "token:1"
+    assert (event.kind, event.evidence["fencing_token"]) == (Event.Kind.LEASE_ACQUIRED, 1)
     assert event.actor == "worker:worker-1"
     assert event.tenant_id == task.tenant_id
 
@@ -388,7 +388,8 @@ def test_lease_acquire_lets_a_new_owner_take_over_an_expired_lease_with_token_pl
     stored = Lease.objects.get(task=task)
     assert (stored.owner, stored.generation, stored.fencing_token) == ("worker-2", 2, 2)
     assert lease.fencing_token == 2
-    assert [e.to_status for e in events_of("lease", task.task_id)] == ["token:1", "token:2"]
+    assert [(e.kind, e.evidence["fencing_token"]) for e in events_of("lease", task.task_id)] == [
+        (Event.Kind.LEASE_ACQUIRED, 1), (Event.Kind.LEASE_TAKEN_OVER, 2)]
 
 
 def test_fencing_tokens_strictly_increase_across_takeovers(task):

@@ -13,9 +13,9 @@ import pytest
 from django.utils import timezone
 
 from console.lib.transitions import record_event
-from console.models import AgentPrincipal, Role
+from console.models import AgentPrincipal, Event, Role
 from ledger import services as ledger_services
-from ledger.models import Attempt, Event, Fact, Operation, OperationStatus
+from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.sandbox.process import SandboxProcess
 from ledger.support import PROVIDER_QUERY_ENTITY
 from tests import factories
@@ -74,7 +74,7 @@ def record_answer(operation: Operation, state: str, *, asked_at=None, raw: dict 
     the task itself is tested against the real sandbox)."""
     asked_at = asked_at or timezone.now()
     return record_event(entity=PROVIDER_QUERY_ENTITY, entity_id=operation.operation_id,
-                        tenant_id=operation.tenant_id, to_status=state, actor="user:support",
+                        tenant_id=operation.tenant_id, kind=Event.Kind.PROVIDER_ANSWER, to_status=state, actor="user:support",
                         evidence={"raw": raw or {"status": 404, "body": {"found": False}},
                                   "asked_at": asked_at.isoformat()})
 

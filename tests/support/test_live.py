@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from console import live
+from console.models import Event
 from ledger import services as ledger_services
 from ledger.live import decode_queue_arg, encode_queue_arg, render_operation, render_unknown
-from ledger.models import Event, OperationStatus
+from ledger.models import OperationStatus
 from ledger.support_selectors import QueueFilters
 from ledger.tasks import query_provider
 from tests.support.conftest import make_operation, make_unknown

@@ -11,8 +11,9 @@ from django.db import connection
 from django.utils import timezone
 
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
+from console.models import Event
 from ledger import support
-from ledger.models import Event, Operation, OperationStatus
+from ledger.models import Operation, OperationStatus
 from ledger.support import ProviderDenied
 from ledger.tasks import query_provider
 from tests.support.conftest import (
@@ -203,7 +204,7 @@ def test_it_escalates_to_a_named_support_person_and_emails_them(agent, support_u
     support.support_escalate(operation_id=operation.operation_id, user=support_user, assignee="support",
                              reason="back to me")
     event = Event.objects.filter(entity="operation", entity_id=operation.operation_id).latest("id")
-    assert (event.from_status, event.to_status, event.evidence["assigned_to"]) == (S.MANUAL, S.MANUAL, "support")
+    assert (event.kind, event.to_status, event.evidence["assigned_to"]) == (Event.Kind.REASSIGNED, S.MANUAL, "support")
 
 
 @pytest.mark.django_db
