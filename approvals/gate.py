@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.db import models
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -27,17 +28,22 @@ from console.lib.errors import InvalidInput, NotPermitted
 from console.models import AgentPrincipal
 from runs.models import Task
 
-DISPATCH = "dispatch"
-APPROVAL = "approval"
-REFUSED = "refused"
+
+class Decision(models.TextChoices):
+    """What the gate decides for a call, in the words the agent API answers with."""
+
+    DISPATCHED = "dispatched"  # runs at once
+    AWAITING_APPROVAL = "awaiting_approval"
+    REFUSED = "refused"
+
 
 R = PolicyTier.Requirement
 _DECISION_BY_REQUIREMENT = {
-    R.RUN: DISPATCH,
-    R.RUN_AUDIT: DISPATCH,
-    R.ONE_APPROVAL: APPROVAL,
-    R.TWO_APPROVALS: APPROVAL,
-    R.FORBIDDEN: REFUSED,
+    R.RUN: Decision.DISPATCHED,
+    R.RUN_AUDIT: Decision.DISPATCHED,
+    R.ONE_APPROVAL: Decision.AWAITING_APPROVAL,
+    R.TWO_APPROVALS: Decision.AWAITING_APPROVAL,
+    R.FORBIDDEN: Decision.REFUSED,
 }
 
 # Task constraints the gate enforces, with the JSON types they must have (also checked when a
@@ -54,7 +60,7 @@ CONSTRAINT_TYPES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class GateResult:
-    decision: str  # dispatch | approval | refused
+    decision: Decision
     arguments_hash: str
     risk_tier: int | None = None
     requirement: str = ""
@@ -68,11 +74,11 @@ class GateResult:
 
     @property
     def refused(self) -> bool:
-        return self.decision == REFUSED
+        return self.decision == Decision.REFUSED
 
     @property
     def needs_approval(self) -> bool:
-        return self.decision == APPROVAL
+        return self.decision == Decision.AWAITING_APPROVAL
 
 
 def evaluate(*, principal: AgentPrincipal, task: Task, tool: Tool, arguments: dict[str, Any],
@@ -91,16 +97,16 @@ def decide(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str,
     catalog = catalog or current_catalog()
     refusals, exhausted = check_budgets(task=task, tool=tool, arguments=arguments)
     if refusals:
-        return GateResult(decision=REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),
+        return GateResult(decision=Decision.REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),
                           exhausted_budgets=tuple(exhausted))
     tier, reasons = risk_tier(tool=tool, task=task, arguments=arguments, catalog=catalog)
     policy = catalog.tier(tier)
     if policy is None:
         # Fail closed: a tier nobody configured is not a tier anybody may run.
-        return GateResult(decision=REFUSED, arguments_hash=args_hash, risk_tier=tier,
+        return GateResult(decision=Decision.REFUSED, arguments_hash=args_hash, risk_tier=tier,
                           reasons=(*reasons, f"no policy is configured for L{tier}"))
     decision = _DECISION_BY_REQUIREMENT[policy.requirement]
-    if decision == REFUSED:
+    if decision == Decision.REFUSED:
         reasons = [*reasons, f"L{tier} is forbidden by policy"]
     return GateResult(
         decision=decision,

@@ -26,13 +26,13 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from approvals import selectors
-from approvals import services as approval_services
 from approvals.forms import ApproveForm, ArgumentsForm, InboxFilterForm, RejectForm
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.selectors import InboxFilters, ReviewerScope
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
 from console.lib.htmx import wants_fragment
+from ledger import decisions
 from ledger.adapters import get_adapter
 
 A = ApprovalStatus
@@ -243,7 +243,7 @@ def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
     form.is_valid()
     data = getattr(form, "cleaned_data", {})
     try:
-        approval_services.approval_approve(
+        decisions.approval_approve(
             approval_id=approval_id, reviewer=request.user, reason=(data.get("reason") or "").strip(),
             arguments_hash=data.get("arguments_hash") or None,
         )
@@ -263,7 +263,7 @@ def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
     form.is_valid()
     data = getattr(form, "cleaned_data", {})
     try:
-        approval_services.approval_reject(
+        decisions.approval_reject(
             approval_id=approval_id, reviewer=request.user, reason=(data.get("reason") or "").strip(),
         )
     except DomainError as exc:
@@ -298,7 +298,7 @@ def edit(request: HttpRequest, approval_id: str) -> HttpResponse:
             arguments = form.arguments()
         if form.is_valid():  # arguments() may have added parse errors
             try:
-                result = approval_services.approval_edit_and_approve(
+                result = decisions.approval_edit_and_approve(
                     approval_id=approval_id, reviewer=request.user, arguments=arguments,
                     reason=form.cleaned_data.get("reason") or "",
                     arguments_hash=form.cleaned_data.get("arguments_hash") or None,

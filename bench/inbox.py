@@ -370,7 +370,7 @@ def create_request(agent, rng: random.Random, seq: int):
             intent_hash=args_hash, idempotency_key=op_id, risk_tier=3,
         )
         approval = services.approval_request_create(
-            operation=operation, call_id=operation.call_id, state_version=task.version, risk_tier=3,
+            operation=operation, task_type=operation.task.task_type, call_id=operation.call_id, state_version=task.version, risk_tier=3,
             approvals_needed=1, ttl_seconds=3600, reasons=["amount > 50"], actor=agent.ref,
         )
     return approval.approval_id, time.time()  # after the commit returned

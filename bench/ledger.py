@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ledger import decisions
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -284,7 +286,7 @@ def start_task(agent, owner: str) -> RunningTask:
     from runs import services as run_services
 
     task = run_services.task_create(principal=agent, task_type="bench", goal="Benchmark the ledger")
-    lease = run_services.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=3600)
+    lease = decisions.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=3600)
     for to in ("planning", "running"):
         task = run_services.task_transition(task_id=task.task_id, to=to, expected_version=task.version,
                                             fencing_token=lease.fencing_token, actor=agent.ref)
@@ -312,10 +314,10 @@ def lifecycle_runner(index: int, *, own_tenant: bool = False) -> tuple[Callable[
     """`one(call_id, step_id) -> operation_id`: one lifecycle of a new task's call, confirmed."""
     from django.db import connections
 
+    from approvals.gate import Decision
     from ledger.dispatcher import run_dispatch
     from ledger.models import OperationStatus
     from ledger.proposals import call_propose
-    from ledger.selectors import DISPATCHED
 
     agent = load_agent(index if own_tenant else 0)
     run = start_task(agent, owner=f"bench-{index}")
@@ -330,7 +332,7 @@ def lifecycle_runner(index: int, *, own_tenant: bool = False) -> tuple[Callable[
             principal=agent, task_id=run.task_id, call_id=call_id, step_id=step_id, tool_name=TOOL,
             arguments={"step": step_id}, expected_version=run.version, fencing_token=run.fencing_token,
         )
-        if proposal.decision != DISPATCHED:
+        if proposal.decision != Decision.DISPATCHED:
             raise RuntimeError(f"proposal {call_id} was {proposal.decision}: {proposal.reasons}")
         proposed = clock()
         result = run_dispatch(proposal.operation_id, worker=worker)

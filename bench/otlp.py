@@ -522,6 +522,7 @@ def measure_render(*, spans: int, repeats: int, base: str | None, browser: bool)
     from runs import services as run_services
     from runs.models import ModelPrice, Span, Task
     from runs.otlp import parse_protobuf
+    from runs.spans import spans_ingest
     from runs.views import run_detail_context
     from runs.waterfall import trace_rows
 
@@ -536,7 +537,7 @@ def measure_render(*, spans: int, repeats: int, base: str | None, browser: bool)
     late = span_list[-10:]  # held back: they arrive while the page is open
     for start in range(0, len(span_list) - len(late), 500):
         parsed = parse_protobuf(export_request(span_list[start:min(start + 500, len(span_list) - len(late))]))
-        run_services.spans_ingest(principal=agent, spans=parsed.spans)
+        spans_ingest(principal=agent, spans=parsed.spans)
     client = Client()
     client.force_login(get_user_model().objects.get(username=USER))
     url = f"/runs/{task.task_id}/"
@@ -571,7 +572,7 @@ def measure_render(*, spans: int, repeats: int, base: str | None, browser: bool)
     task = Task.objects.get(task_id=task.task_id)
     out["page"] = timed(get_page)
     out["poll_idle"] = timed(poll(204, "poll_idle_bytes"))
-    run_services.spans_ingest(principal=agent, spans=parse_protobuf(export_request(late)).spans)
+    spans_ingest(principal=agent, spans=parse_protobuf(export_request(late)).spans)
     out["spans"] = Span.objects.filter(task=task).count()
     out["poll_new"] = timed(poll(200, "poll_new_bytes"))
     out["context"] = timed(lambda: run_detail_context(task))

@@ -23,14 +23,12 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from approvals.gate import Decision
 from console.api_auth import principal_for_authorization
 from console.lib.errors import DomainError, InvalidInput
 from ledger.models import OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
 from ledger.selectors import (
-    AWAITING_APPROVAL,
-    DISPATCHED,
-    REFUSED,
     call_detail,
     call_for_principal,
     call_operation_status,
@@ -39,7 +37,7 @@ from ledger.selectors import (
 )
 from runs.api import ErrorSerializer, JSONObjectField, StrictCharField, StrictIntegerField, errors
 
-DECISIONS = [(DISPATCHED, DISPATCHED), (AWAITING_APPROVAL, AWAITING_APPROVAL), (REFUSED, REFUSED)]
+DECISIONS = [(value, value) for value in Decision.values]
 MAX_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.1
 

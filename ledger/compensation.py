@@ -78,7 +78,7 @@ def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name
         Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=args_hash)
         services.operation_created_event(operation, actor=actor)
         approval = approval_services.approval_request_create(
-            operation=operation, call_id=call_id, state_version=task.version, risk_tier=tier,
+            operation=operation, task_type=task.task_type, call_id=call_id, state_version=task.version, risk_tier=tier,
             approvals_needed=policy.approvals_needed, ttl_seconds=policy.approval_ttl_seconds,
             reasons=[f"compensates {original.operation_id}: {reason}", *reasons], actor=actor,
         )

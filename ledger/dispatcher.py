@@ -27,7 +27,7 @@ from console.access import reviewer_max_tier
 from console.lib import sql
 from console.lib.locks import lock_name
 from console.tracing import tracer
-from ledger import services
+from ledger import decisions, services, tasks
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.chaos.seams import seam
@@ -68,14 +68,12 @@ def run_dispatch(operation_id: str, *, worker: str) -> str:
 
 
 def _enqueue_later(operation_id: str, deferred: Deferred) -> None:
-    from ledger.tasks import enqueue_dispatch
-
     countdown = max(0.05, deferred.seconds)
     # This message is the next try; the sweeper pushes again only if it is lost.
     Operation.objects.filter(pk=operation_id, status__in=[S.AUTHORIZED, S.RETRY_SAFE]).update(
         next_redispatch_at=timezone.now() + timedelta(seconds=countdown + settings.REDISPATCH_AFTER_SECONDS)
     )
-    enqueue_dispatch(operation_id, queue=deferred.queue, countdown=countdown)
+    tasks.enqueue_dispatch(operation_id, queue=deferred.queue, countdown=countdown)
 
 
 def _claim(operation_id: str, *, worker: str):
@@ -180,25 +178,25 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) 
         if operation.tool.schema_version != operation.tool_schema_version:
             reason = "tool schema changed since the call was proposed"
             if approval:
-                approval_services.approval_invalidate(approval_id=approval.approval_id, actor=ACTOR, reason=reason)
+                decisions.approval_invalidate(approval_id=approval.approval_id, actor=ACTOR, reason=reason)
             else:
                 services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=reason)
             return "cancelled:schema_changed"
         if approval is None:
             return None
         if approval.expires_at <= now:
-            approval_services.approval_expire(approval_id=approval.approval_id, actor=ACTOR,
+            decisions.approval_expire(approval_id=approval.approval_id, actor=ACTOR,
                                               reason="approval expired before dispatch")
             return "expired:approval"
         if task.version != approval.state_version:
-            approval_services.approval_invalidate(
+            decisions.approval_invalidate(
                 approval_id=approval.approval_id, actor=ACTOR,
                 reason=f"task moved from version {approval.state_version} to {task.version}")
             return "invalidated:task_version"
         for decision in approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).select_related("reviewer"):
             max_tier = reviewer_max_tier(decision.reviewer, approval.tenant_id)
             if max_tier is None or max_tier < approval.risk_tier:
-                approval_services.approval_invalidate(
+                decisions.approval_invalidate(
                     approval_id=approval.approval_id, actor=ACTOR,
                     reason=f"{decision.reviewer.get_username()} may no longer approve L{approval.risk_tier}")
                 return "invalidated:approver"
@@ -253,8 +251,6 @@ _STILL_MINE_SQL = (f"SELECT 1 FROM {Operation._meta.db_table} "
 
 def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms: int) -> str:
     """Step 7, then schedule what follows: a retry after backoff, or reconciliation."""
-    from ledger.tasks import enqueue_dispatch, enqueue_reconcile
-
     tool = operation.tool
     retry_at = None
     terminal = False
@@ -276,8 +272,8 @@ def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms
         logger.warning("stale result for %s attempt %s kept as evidence", operation.operation_id, attempt.number)
         return "stale"
     if updated.status == S.RETRY_SAFE and retry_at is not None:
-        enqueue_dispatch(operation.operation_id, queue=tool.queue,
+        tasks.enqueue_dispatch(operation.operation_id, queue=tool.queue,
                          countdown=max(0.0, (retry_at - timezone.now()).total_seconds()))
     elif updated.status == S.UNKNOWN:
-        enqueue_reconcile(operation.operation_id)
+        tasks.enqueue_reconcile(operation.operation_id)
     return updated.status

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from approvals import catalog, gate
 from approvals import services as approval_services
+from approvals.gate import Decision
 from approvals.models import Tool
 from console.lib import sql
 from console.lib.canonical import intent_hash
@@ -38,9 +39,6 @@ from console.tracing import tracer
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
 from ledger.selectors import (
-    AWAITING_APPROVAL,
-    DISPATCHED,
-    REFUSED,
     operation_approval,
     operation_decision,
 )
@@ -61,7 +59,7 @@ PROPOSING_STATUSES = frozenset({TaskStatus.RUNNING, TaskStatus.WAITING_APPROVAL}
 class Proposal:
     call_id: str
     operation_id: str | None
-    decision: str  # dispatched | awaiting_approval | refused
+    decision: Decision
     status: str  # the operation's status; "refused" when no operation was created
     task_id: str
     task_version: int
@@ -201,7 +199,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             setattr(task, name, value)
         if runs_at_once:
             return Proposal(
-                call_id=call_id, operation_id=operation_id, decision=DISPATCHED, status=operation.status,
+                call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
                 risk_tier=result.risk_tier, created=True,
             )
@@ -212,14 +210,14 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             evidence={"operation_id": operation_id, "risk_tier": result.risk_tier},
         )
         approval = approval_services.approval_request_create(
-            operation=operation, call_id=call_id,
+            operation=operation, task_type=task.task_type, call_id=call_id,
             # The version after the move: the dispatcher refuses if the task moved again.
             state_version=task.version,
             risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             ttl_seconds=result.approval_ttl_seconds, reasons=list(result.reasons), actor=principal.ref,
         )
         return Proposal(
-            call_id=call_id, operation_id=operation_id, decision=AWAITING_APPROVAL, status=operation.status,
+            call_id=call_id, operation_id=operation_id, decision=Decision.AWAITING_APPROVAL, status=operation.status,
             task_id=task.task_id, task_version=task.version, approval_id=approval.approval_id,
             reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             created=True,
@@ -327,7 +325,7 @@ def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task,
 def _answer(operation: Operation, *, task: Task, call_id: str, repeat: bool = False) -> Proposal:
     approval = operation_approval(operation, call_id=call_id)
     decision, reasons = operation_decision(operation, approval)
-    if decision == DISPATCHED:
+    if decision == Decision.DISPATCHED:
         reasons = gate.risk_tier(tool=operation.tool, task=task, arguments=operation.arguments)[1]
     return Proposal(
         call_id=call_id, operation_id=operation.operation_id, decision=decision, status=operation.status,
@@ -348,14 +346,14 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
         )
     record_event(
         entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, kind=Event.Kind.CALL_REFUSED,
-        to_status=REFUSED, actor=principal.ref,
+        to_status=Decision.REFUSED, actor=principal.ref,
         reason="; ".join(result.reasons),
         evidence={"task_id": task.task_id, "step_id": step_id, "tool": tool.name,
                   "arguments_hash": result.arguments_hash, "risk_tier": result.risk_tier,
                   "reasons": list(result.reasons), "exhausted_budgets": list(result.exhausted_budgets)},
     )
     return Proposal(
-        call_id=call_id, operation_id=None, decision=REFUSED, status=REFUSED, task_id=task.task_id,
+        call_id=call_id, operation_id=None, decision=Decision.REFUSED, status=Decision.REFUSED, task_id=task.task_id,
         task_version=task.version, reasons=result.reasons, risk_tier=result.risk_tier,
     )
 

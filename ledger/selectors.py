@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from approvals.gate import Decision
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.errors import NotFound
 from console.models import AgentPrincipal, Event
 from ledger.models import Call, Operation, OperationStatus
 
 S = OperationStatus
-
-DISPATCHED = "dispatched"
-AWAITING_APPROVAL = "awaiting_approval"
-REFUSED = "refused"
 
 # Operations that ended without ever being sent: the call's answer is a refusal.
 REFUSED_STATUSES = frozenset({S.REJECTED, S.EXPIRED, S.CANCELLED})
@@ -69,10 +66,10 @@ def operation_decision(operation: Operation, approval: ApprovalRequest | None) -
             .order_by("-id").first()
         )
         detail = f": {event.reason}" if event is not None and event.reason else ""
-        return REFUSED, [f"operation {operation.status}{detail}"]
+        return Decision.REFUSED, [f"operation {operation.status}{detail}"]
     if operation.status == S.PLANNED:
-        return AWAITING_APPROVAL, list(approval.escalation_reasons) if approval is not None else []
-    return DISPATCHED, []
+        return Decision.AWAITING_APPROVAL, list(approval.escalation_reasons) if approval is not None else []
+    return Decision.DISPATCHED, []
 
 
 def approval_detail(approval: ApprovalRequest | None) -> dict[str, Any] | None:

@@ -14,7 +14,9 @@ from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
+from console.live import ring_doorbell_on_commit
 from console.models import Event
+from ledger import tasks
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.retry import circuit_note_failure, is_transient_failure
 
@@ -30,11 +32,9 @@ def _get(operation_id: str, *, lock: bool = False) -> Operation:
 
 
 def _enqueue_dispatch_on_commit(operation: Operation) -> None:
-    from ledger.tasks import enqueue_dispatch
-
     # Read the queue now, inside the transaction: after commit a lazy load would be a query of its own.
     operation_id, queue = operation.operation_id, operation.tool.queue
-    transaction.on_commit(lambda: enqueue_dispatch(operation_id, queue=queue))
+    transaction.on_commit(lambda: tasks.enqueue_dispatch(operation_id, queue=queue))
 
 
 def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evidence: dict | None = None) -> Operation:
@@ -319,8 +319,6 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
     statement that inserts the operation (the proposal, one statement on PostgreSQL). The
     dispatch is enqueued, and the live pages rung, once the transaction commits; a rollback
     (the caller's insert lost a race) takes both with it."""
-    from console.live import ring_doorbell_on_commit
-
     if operation.status != S.AUTHORIZED or S.AUTHORIZED not in Operation.TRANSITIONS[S.PLANNED]:
         raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
     ring_doorbell_on_commit()
@@ -331,27 +329,3 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
                   kind=Event.Kind.TRANSITION, from_status=S.PLANNED, to_status=S.AUTHORIZED, actor=authorized_by, reason=reason,
                   evidence=evidence),
     ]
-
-
-def operation_release_budget(*, operation_id: str) -> None:
-    """Give back what a still-planned operation reserved of its task's budgets (one call, one
-    write, its amount). Used when a reviewer's edit replaces it before it ran: the edited call
-    reserves its own share, and the replaced one must not be counted as well."""
-    from django.db.models import F
-    from django.db.models.functions import Greatest
-
-    from approvals.gate import call_amount
-    from runs.models import Task
-
-    with transaction.atomic():
-        operation = _get(operation_id, lock=True)
-        if operation.status != S.PLANNED:
-            raise Conflict(f"Only a planned operation gives its budget back; this one is {operation.status}.",
-                           details={"status": operation.status})
-        tool = operation.tool
-        is_write = tool.kind == tool.Kind.WRITE
-        Task.objects.filter(pk=operation.task_id).update(
-            calls_used=Greatest(F("calls_used") - 1, 0),
-            writes_used=Greatest(F("writes_used") - (1 if is_write else 0), 0),
-            amount_used=Greatest(F("amount_used") - call_amount(tool, operation.arguments), 0),
-        )

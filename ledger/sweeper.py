@@ -10,11 +10,12 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest, ApprovalStatus
 from console.lib.errors import Conflict
-from ledger import services
+from ledger import decisions, services, tasks
 from ledger.models import Operation, OperationStatus
+from runs import tasks as run_tasks
+from runs.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 S = OperationStatus
@@ -22,8 +23,6 @@ BATCH = 200
 
 
 def run_sweep(now=None) -> dict[str, int]:
-    from ledger.tasks import enqueue_dispatch, enqueue_reconcile
-
     now = now or timezone.now()
     counts = {"redispatched": 0, "unknown": 0, "reconcile": 0, "expired": 0, "verify": 0}
 
@@ -43,7 +42,7 @@ def run_sweep(now=None) -> dict[str, int]:
             next_redispatch_at=now + timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
         )
         if claimed:
-            enqueue_dispatch(operation.operation_id, queue=operation.tool.queue)
+            tasks.enqueue_dispatch(operation.operation_id, queue=operation.tool.queue)
             counts["redispatched"] += 1
 
     for operation_id in Operation.objects.filter(status=S.DISPATCHED, dispatch_deadline__lt=now).values_list(
@@ -66,7 +65,7 @@ def run_sweep(now=None) -> dict[str, int]:
             next_reconcile_at=now + timedelta(seconds=max(5.0, settings.SWEEP_SECONDS * 3))
         )
         if claimed:
-            enqueue_reconcile(operation_id)
+            tasks.enqueue_reconcile(operation_id)
             counts["reconcile"] += 1
 
     overdue = ApprovalRequest.objects.filter(
@@ -74,16 +73,13 @@ def run_sweep(now=None) -> dict[str, int]:
     ).values_list("approval_id", flat=True)
     for approval_id in overdue[:BATCH]:
         try:
-            approval_services.approval_expire(approval_id=approval_id)
+            decisions.approval_expire(approval_id=approval_id)
             counts["expired"] += 1
         except Conflict:
             pass
-    from runs.models import Task, TaskStatus
-    from runs.tasks import enqueue_verification
-
     for task_id in Task.objects.filter(status=TaskStatus.VERIFYING, updated_at__lt=stale).values_list(
             "task_id", flat=True)[:BATCH]:
-        enqueue_verification(task_id)  # the verification message was lost (or is still queued)
+        run_tasks.enqueue_verification(task_id)  # the verification message was lost (or is still queued)
         counts["verify"] += 1
 
     if any(counts.values()):

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.gate import CONSTRAINT_TYPES, parse_deadline
+from ledger import decisions
 from runs import services
 from runs.models import TaskStatus
 from runs.selectors import task_for_principal, task_lease
@@ -236,7 +237,7 @@ class TaskLeaseApi(APIView):
         task = task_for_principal(principal=request.user, task_id=task_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        lease = services.lease_acquire(task_id=task.task_id, **serializer.validated_data)
+        lease = decisions.lease_acquire(task_id=task.task_id, **serializer.validated_data)
         return Response(self.OutputSerializer(lease).data)
 
 

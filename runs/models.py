@@ -100,6 +100,10 @@ class Lease(models.Model):
     expires_at = models.DateTimeField()
     acquired_at = models.DateTimeField(default=timezone.now)
 
+    # Not stored: `runs.services.lease_acquire` sets it on the lease it returns when it took the
+    # lease over from an expired holder, so the caller can deal with what that holder left in flight.
+    taken_over = False
+
     def __str__(self) -> str:
         return f"{self.task_id} held by {self.owner} (token {self.fencing_token})"
 

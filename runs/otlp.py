@@ -20,6 +20,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 
 from console.api_auth import principal_for_authorization
 from console.lib.errors import InvalidInput
+from runs.spans import spans_ingest
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 PROTOBUF = "application/x-protobuf"
@@ -222,8 +223,6 @@ def _body(request: HttpRequest) -> bytes:
 @csrf_exempt
 @require_POST
 def otlp_traces(request: HttpRequest) -> HttpResponse:
-    from runs.services import spans_ingest
-
     principal = principal_for_authorization(request.headers.get("Authorization", ""))
     if principal is None:
         response = _error(401, "unauthenticated", "Use 'Authorization: Bearer <agent token>'.")

@@ -14,10 +14,11 @@ from approvals.models import ApprovalRequest, Tool
 from console.lib.canonical import arguments_hash, intent_hash
 from console.lib.ids import derive_operation_id
 from console.models import AgentPrincipal, Event
+from ledger import decisions
 from ledger import services as ledger_services
 from ledger.models import Attempt, Call, Fact, Operation, OperationStatus
 from runs import services as run_services
-from runs.models import Lease, Task
+from runs.models import Lease, Task, TaskStatus
 
 S = OperationStatus
 
@@ -53,7 +54,15 @@ def make_task(agent: AgentPrincipal, **fields: Any) -> Task:
 
 
 def make_lease(task: Task, owner: str = "worker-1", ttl_seconds: int = 600, now=None) -> Lease:
-    return run_services.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=ttl_seconds, now=now)
+    return decisions.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=ttl_seconds, now=now)
+
+
+def cancel_task(task_id: str, *, reason: str = "cancelled") -> Task:
+    """The agent cancels its task under its lease (taking one if the task has none)."""
+    task = Task.objects.get(pk=task_id)
+    lease = Lease.objects.filter(task_id=task_id).first() or make_lease(task, owner="canceller")
+    return run_services.task_transition(task_id=task_id, to=TaskStatus.CANCELLED, expected_version=task.version,
+                                        fencing_token=lease.fencing_token, actor="agent", reason=reason)
 
 
 def make_operation(
@@ -178,7 +187,7 @@ def make_pending_approval(
     if reasons is None:
         reasons = [f"amount > {50 if risk_tier == 3 else 200}"] if tool_name == "payments.refund" else []
     return approval_services.approval_request_create(
-        operation=operation, call_id=operation.call_id, state_version=task.version, risk_tier=risk_tier,
+        operation=operation, task_type=operation.task.task_type, call_id=operation.call_id, state_version=task.version, risk_tier=risk_tier,
         approvals_needed=approvals_needed or (2 if risk_tier >= 4 else 1), ttl_seconds=ttl_seconds,
         reasons=reasons, actor=agent.ref,
     )
@@ -193,7 +202,7 @@ def make_approval_request(
     state_version: int | None = None,
 ) -> ApprovalRequest:
     return approval_services.approval_request_create(
-        operation=operation,
+        operation=operation, task_type=operation.task.task_type,
         call_id=operation.call_id,
         state_version=operation.task.version if state_version is None else state_version,
         risk_tier=risk_tier,

@@ -26,10 +26,10 @@ from datetime import timedelta
 from django.db import connection
 from django.utils import timezone
 
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from console.lib.errors import Conflict, DomainError, IntentMismatch
 from console.models import Event
+from ledger import decisions
 from ledger.chaos import invariants
 from ledger.chaos.invariants import Expect, Finding
 from ledger.chaos.stack import ChaosStack
@@ -130,7 +130,7 @@ def concurrent_proposals(stack: ChaosStack, world: World, rng: random.Random, in
     if len(requests) != (1 if needs_approval else 0):
         bad(f"{len(requests)} approval requests")
     if needs_approval and len(requests) == 1:
-        approval_services.approval_approve(approval_id=requests[0].approval_id, reviewer=world.reviewer,
+        decisions.approval_approve(approval_id=requests[0].approval_id, reviewer=world.reviewer,
                                            reason="chaos: approve the one request")
     return trial
 
@@ -235,7 +235,7 @@ def stale_lease(stack: ChaosStack, world: World, rng: random.Random, index: int)
                                             expected_version=version, fencing_token=run.lease_token,
                                             actor="worker:old", reason="the old holder's late commit")
 
-    takeovers = [lambda owner=f"new{i}": run_services.lease_acquire(task_id=run.task_id, owner=owner,
+    takeovers = [lambda owner=f"new{i}": decisions.lease_acquire(task_id=run.task_id, owner=owner,
                                                                      ttl_seconds=600, now=later)
                  for i in range(contenders)]
     order_of_jobs = [old_commit, *takeovers]

@@ -21,10 +21,10 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from console.lib.procs import wait_until
 from console.models import Event
+from ledger import decisions
 from ledger.chaos import invariants
 from ledger.chaos.dbdrop import connection_drop
 from ledger.chaos.invariants import Expect, Finding
@@ -219,7 +219,7 @@ def approval_goes_stale(stack: ChaosStack, world: World, rng: random.Random, ind
     expires = index % 2 == 0
     # One transaction, so the dispatch message (published on commit) cannot overtake the fault.
     with transaction.atomic():
-        approval_services.approval_approve(approval_id=p.approval_id, reviewer=world.reviewer, reason="chaos")
+        decisions.approval_approve(approval_id=p.approval_id, reviewer=world.reviewer, reason="chaos")
         if expires:
             ApprovalRequest.objects.filter(pk=p.approval_id).update(
                 expires_at=timezone.now() - timedelta(milliseconds=1))

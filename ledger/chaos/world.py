@@ -18,6 +18,7 @@ from approvals.models import Tool
 from console.lib.ids import derive_operation_id
 from console.lib.procs import wait_until
 from console.models import AgentPrincipal, Membership, Role, Tenant
+from ledger import decisions
 from ledger.chaos.invariants import Expect, Finding
 from ledger.chaos.stack import TOOL_TIMEOUT_SECONDS
 from ledger.models import Operation, OperationStatus
@@ -116,7 +117,7 @@ def start_task(world: World, *, goal: str, owner: str = "chaos-harness", ttl_sec
     """A fresh task, leased by `owner` and running."""
     agent = world.agent
     task = run_services.task_create(principal=agent, task_type="chaos", goal=goal)
-    lease = run_services.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=ttl_seconds)
+    lease = decisions.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=ttl_seconds)
     for to in (TaskStatus.PLANNING, TaskStatus.RUNNING):
         version = Task.objects.get(pk=task.task_id).version
         run_services.task_transition(task_id=task.task_id, to=to, expected_version=version,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from ledger import decisions
 from runs import services as run_services
 from runs.models import Task
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN
@@ -39,7 +40,7 @@ def start_task(agent, *, constraints: dict[str, Any] | None = None, owner: str =
     task = run_services.task_create(
         principal=agent, task_type="refund", goal="Refund the damaged order", constraints=constraints or {}
     )
-    lease = run_services.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=600)
+    lease = decisions.lease_acquire(task_id=task.task_id, owner=owner, ttl_seconds=600)
     for to in ("planning", "running"):
         task = run_services.task_transition(
             task_id=task.task_id, to=to, expected_version=task.version,

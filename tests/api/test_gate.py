@@ -65,27 +65,27 @@ def test_it_refuses_a_principal_of_another_tenant(agent, outsider_agent, task):
 
 def test_a_small_refund_runs_at_once_audited(agent, task):
     result = evaluate(agent, task, arguments=refund(30))
-    assert (result.decision, result.risk_tier, result.requirement) == (gate.DISPATCH, 1, "run_audit")
+    assert (result.decision, result.risk_tier, result.requirement) == (gate.Decision.DISPATCHED, 1, "run_audit")
     assert result.approvals_needed == 0
     assert result.reasons == ("payments.refund: base tier L1",)
 
 
 def test_a_refund_over_50_needs_one_approval(agent, task):
     result = evaluate(agent, task, arguments=refund(120))
-    assert (result.decision, result.risk_tier, result.approvals_needed) == (gate.APPROVAL, 3, 1)
+    assert (result.decision, result.risk_tier, result.approvals_needed) == (gate.Decision.AWAITING_APPROVAL, 3, 1)
     assert "amount 120 > 50 → L3" in result.reasons
 
 
 def test_a_refund_over_200_needs_two_approvals(agent, task):
     result = evaluate(agent, task, arguments=refund(250))
-    assert (result.decision, result.risk_tier, result.approvals_needed) == (gate.APPROVAL, 4, 2)
+    assert (result.decision, result.risk_tier, result.approvals_needed) == (gate.Decision.AWAITING_APPROVAL, 4, 2)
     assert result.reasons[-1] == "amount 250 > 200 → L4"
     assert result.approval_ttl_seconds == PolicyTier.objects.get(level=4).approval_ttl_seconds
 
 
 def test_mail_needs_one_approval_with_a_preview(agent, task):
     result = evaluate(agent, task, "mail.send", MAIL)
-    assert (result.decision, result.risk_tier, result.approvals_needed) == (gate.APPROVAL, 2, 1)
+    assert (result.decision, result.risk_tier, result.approvals_needed) == (gate.Decision.AWAITING_APPROVAL, 2, 1)
     assert result.shows_preview
 
 
@@ -149,7 +149,7 @@ def test_a_tier_without_policy_is_refused(agent, task):
 def test_the_tasks_approval_threshold_raises_the_tier(agent):
     task = start_task(agent, constraints={"approval_threshold": 10}).task
     result = evaluate(agent, task, arguments=refund(30))
-    assert (result.decision, result.risk_tier) == (gate.APPROVAL, 2)
+    assert (result.decision, result.risk_tier) == (gate.Decision.AWAITING_APPROVAL, 2)
     assert "amount 30 > task approval_threshold 10 → L2" in result.reasons
 
 
@@ -167,7 +167,7 @@ def test_the_write_budget_counts_only_writes(agent):
     task = start_task(agent, constraints={"max_writes": 1}).task
     Task.objects.filter(pk=task.pk).update(writes_used=1)
     task.refresh_from_db()
-    assert evaluate(agent, task, "orders.lookup", {"order_id": "ord-42"}).decision == gate.DISPATCH
+    assert evaluate(agent, task, "orders.lookup", {"order_id": "ord-42"}).decision == gate.Decision.DISPATCHED
     result = evaluate(agent, task)
     assert result.refused and result.exhausted_budgets == ("max_writes",)
 
@@ -180,7 +180,7 @@ def test_an_amount_over_what_is_left_is_refused_without_a_pause(agent):
     assert result.refused
     assert result.reasons == ("amount 30 exceeds what is left of the budget: 20 of 100",)
     assert result.exhausted_budgets == ()
-    assert evaluate(agent, task, arguments=refund(20)).decision == gate.DISPATCH
+    assert evaluate(agent, task, arguments=refund(20)).decision == gate.Decision.DISPATCHED
 
 
 def test_a_passed_deadline_refuses(agent):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import services as approval_services
+from ledger import decisions
 from ledger import services as ledger_services
 from ledger.models import Fact
 from tests.api.conftest import assert_error, call_body, refund
@@ -38,7 +38,7 @@ def test_it_shows_attempts_receipt_and_result(api, running_task):
 
 def test_it_shows_the_approval_and_its_progress(api, running_task, senior):
     proposal = propose(api, running_task, arguments=refund(250))
-    approval_services.approval_approve(approval_id=proposal["approval_id"], reviewer=senior)
+    decisions.approval_approve(approval_id=proposal["approval_id"], reviewer=senior)
     body = api.get(f"/api/v1/operations/{proposal['operation_id']}").json()
     approval = body["approval"]
     assert (approval["approval_id"], approval["status"], approval["call_id"]) == (

@@ -7,12 +7,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from console.lib.canonical import arguments_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import derive_operation_id
 from console.models import Event
+from ledger import decisions
 from ledger.models import Attempt, Call, Operation
 from ledger.proposals import call_propose
 from runs import services as run_services
@@ -132,7 +132,7 @@ def test_a_new_call_with_a_stale_fencing_token_is_a_conflict(agent, running_task
 
 def test_a_worker_whose_lease_was_taken_over_cannot_propose(agent, running_task):
     later = timezone.now() + timedelta(hours=1)
-    lease = run_services.lease_acquire(task_id=running_task.task_id, owner="worker-2", ttl_seconds=60, now=later)
+    lease = decisions.lease_acquire(task_id=running_task.task_id, owner="worker-2", ttl_seconds=60, now=later)
     with pytest.raises(Conflict):
         propose(agent, running_task)
     assert propose(agent, running_task, fencing_token=lease.fencing_token).created
@@ -140,7 +140,7 @@ def test_a_worker_whose_lease_was_taken_over_cannot_propose(agent, running_task)
 
 def test_a_task_that_is_not_running_takes_no_calls(agent):
     task = run_services.task_create(principal=agent, task_type="refund", goal="g")
-    lease = run_services.lease_acquire(task_id=task.task_id, owner="w", ttl_seconds=60)
+    lease = decisions.lease_acquire(task_id=task.task_id, owner="w", ttl_seconds=60)
     with pytest.raises(Conflict, match="queued"):
         propose(agent, RunningTask(task.task_id, lease.fencing_token))
 
@@ -208,7 +208,7 @@ def test_a_second_call_while_waiting_keeps_the_version(agent, running_task):
 
 def test_a_repeat_after_a_rejection_is_refused(agent, running_task, reviewer):
     first = propose(agent, running_task, arguments=refund(120))
-    approval_services.approval_reject(approval_id=first.approval_id, reviewer=reviewer, reason="not our fault")
+    decisions.approval_reject(approval_id=first.approval_id, reviewer=reviewer, reason="not our fault")
     again = propose(agent, running_task, arguments=refund(120))
     assert (again.decision, again.status) == ("refused", "rejected")
     assert again.reasons == ("operation rejected: not our fault",)
@@ -216,7 +216,7 @@ def test_a_repeat_after_a_rejection_is_refused(agent, running_task, reviewer):
 
 def test_a_repeat_after_approval_is_dispatched(agent, running_task, reviewer):
     first = propose(agent, running_task, arguments=refund(120))
-    approval_services.approval_approve(approval_id=first.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=first.approval_id, reviewer=reviewer)
     again = propose(agent, running_task, arguments=refund(120))
     assert (again.decision, again.status, again.approval_id) == ("dispatched", "authorized", first.approval_id)
 

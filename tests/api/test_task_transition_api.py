@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from console.models import Event
+from ledger.decisions import lease_acquire
 from runs.models import Task
-from runs.services import lease_acquire, task_create
+from runs.services import task_create
 from tests.api.conftest import assert_error
 
 
@@ -87,9 +88,6 @@ def test_it_needs_a_token(anonymous_api, leased):
 
 
 def test_a_task_cancelled_as_superseded_names_its_successor(api, agent):
-    from runs.models import Task
-    from runs.services import lease_acquire, task_create
-
     old = task_create(principal=agent, task_type="refund", goal="first plan")
     new = task_create(principal=agent, task_type="refund", goal="second plan")
     token = lease_acquire(task_id=old.task_id, owner="w", ttl_seconds=60).fencing_token
@@ -102,8 +100,6 @@ def test_a_task_cancelled_as_superseded_names_its_successor(api, agent):
 
 
 def test_superseded_by_must_be_another_task_of_the_tenant_and_only_with_cancel(api, agent, outsider_agent):
-    from runs.services import lease_acquire, task_create
-
     old = task_create(principal=agent, task_type="refund", goal="g")
     foreign = task_create(principal=outsider_agent, task_type="refund", goal="g")
     token = lease_acquire(task_id=old.task_id, owner="w", ttl_seconds=60).fencing_token

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 
 from approvals.models import ApprovalDecision, ApprovalRequest
-from approvals.services import approval_approve, approval_reject
 from console.lib.errors import Conflict
+from ledger.decisions import approval_approve, approval_reject
 from ledger.models import Operation
 from tests.factories import make_pending_approval
 

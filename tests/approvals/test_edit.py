@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from approvals import services
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.canonical import arguments_hash
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from console.lib.ids import derive_operation_id
 from console.models import Event
+from ledger import decisions
 from ledger.models import Call, Operation, OperationStatus
 from ledger.proposals import call_propose
 from tests.api.conftest import start_task
@@ -63,7 +63,7 @@ def test_an_edit_is_a_new_call_operation_and_request_and_the_old_one_is_supersed
         l3, reviewer, django_capture_on_commit_callbacks):
     old_operation = op(l3.operation_id)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        result = decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                                     arguments=refund(80), reason="only part was damaged")
     new = fresh(result.new)
     assert (result.call_id, result.step_id) == ("call-1-edit-1", "step-1~edit1")
@@ -104,7 +104,7 @@ def test_an_edit_gives_back_the_replaced_calls_budget_before_the_gate_counts_the
     # 120 of 200 reserved, one call of one: without the release, the edited 100 would be refused
     # (120 + 100 > 200, and the call budget spent).
     request = propose(agent, amount=120, constraints={"max_amount": 200, "max_tool_calls": 1})
-    result = services.approval_edit_and_approve(approval_id=request.approval_id, reviewer=reviewer,
+    result = decisions.approval_edit_and_approve(approval_id=request.approval_id, reviewer=reviewer,
                                                 arguments=refund(100), reason="partial refund")
     assert fresh(result.new).status == A.APPROVED
     task = Task.objects.get(pk=request.task_id)
@@ -116,7 +116,7 @@ def test_a_refused_edit_keeps_the_replaced_calls_budget_reserved(agent, reviewer
 
     request = propose(agent, amount=120, constraints={"max_amount": 200})
     with pytest.raises(Conflict, match="exceeds what is left"):
-        services.approval_edit_and_approve(approval_id=request.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=request.approval_id, reviewer=reviewer,
                                            arguments=refund(201),
                                            reason="more")
     task = Task.objects.get(pk=request.task_id)
@@ -125,7 +125,7 @@ def test_a_refused_edit_keeps_the_replaced_calls_budget_reserved(agent, reviewer
 
 
 def test_an_edit_that_raises_the_tier_to_l4_still_needs_a_second_distinct_approver(l3, senior, senior2):
-    result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
+    result = decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
                                                 arguments=refund(250), reason="the full order")
     new = fresh(result.new)
     assert (new.risk_tier, new.approvals_needed, new.status) == (4, 2, A.PENDING)
@@ -134,8 +134,8 @@ def test_an_edit_that_raises_the_tier_to_l4_still_needs_a_second_distinct_approv
     assert op(new.operation_id).status == S.PLANNED
     assert fresh(l3).status == A.SUPERSEDED
     with pytest.raises(Conflict):
-        services.approval_approve(approval_id=new.approval_id, reviewer=senior)
-    services.approval_approve(approval_id=new.approval_id, reviewer=senior2, arguments_hash=new.arguments_hash)
+        decisions.approval_approve(approval_id=new.approval_id, reviewer=senior)
+    decisions.approval_approve(approval_id=new.approval_id, reviewer=senior2, arguments_hash=new.arguments_hash)
     assert fresh(new).status == A.APPROVED
     assert op(new.operation_id).status == S.AUTHORIZED
 
@@ -143,7 +143,7 @@ def test_an_edit_that_raises_the_tier_to_l4_still_needs_a_second_distinct_approv
 def test_an_editor_may_not_raise_a_call_above_their_own_tier(l3, reviewer):
     before = snapshot()
     with pytest.raises(NotPermitted):
-        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                            arguments=refund(250), reason="the full order")
     assert snapshot() == before
     assert fresh(l3).status == A.PENDING and op(l3.operation_id).status == S.PLANNED
@@ -153,13 +153,13 @@ def test_a_reviewer_may_not_edit_a_request_above_their_tier(agent, reviewer):
     l4 = propose(agent, amount=300)
     before = snapshot()
     with pytest.raises(NotPermitted):
-        services.approval_edit_and_approve(approval_id=l4.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l4.approval_id, reviewer=reviewer,
                                            arguments=refund(40), reason="smaller")
     assert snapshot() == before
 
 
 def test_an_edit_down_to_a_tier_that_runs_at_once_is_authorized_by_the_gate(l3, reviewer):
-    result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+    result = decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                                 arguments=refund(30), reason="goodwill only")
     assert result.new is None and result.decision == "dispatched"
     operation = op(result.operation_id)
@@ -174,7 +174,7 @@ def test_an_edit_down_to_a_tier_that_runs_at_once_is_authorized_by_the_gate(l3, 
 def test_arguments_that_break_the_schema_change_nothing(l3, reviewer):
     before = snapshot()
     with pytest.raises(InvalidInput) as info:
-        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                            arguments=refund(-5, currency="XXX"), reason="typo")
     paths = {e["path"] for e in info.value.details["errors"]}
     assert paths == {"amount", "currency"}
@@ -184,29 +184,29 @@ def test_arguments_that_break_the_schema_change_nothing(l3, reviewer):
 def test_unchanged_arguments_a_stale_hash_and_a_missing_reason_are_refused(l3, reviewer):
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                            arguments=refund(120), reason="same")
     with pytest.raises(Conflict):
-        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                            arguments=refund(80), reason="x", arguments_hash="0" * 64)
     with pytest.raises(InvalidInput) as info:
-        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                            arguments=refund(80), reason="  ")
     assert info.value.details == {"field": "reason"}
     assert snapshot() == before
 
 
 def test_a_decided_request_cannot_be_edited(l3, reviewer, senior):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=senior)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=senior)
     with pytest.raises(Conflict):
-        services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
+        decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=reviewer,
                                            arguments=refund(80), reason="late")
 
 
 def test_an_edit_of_an_edit_counts_on(l3, senior, senior2):
-    first = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
+    first = decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
                                                arguments=refund(250), reason="full order")
-    second = services.approval_edit_and_approve(approval_id=first.new.approval_id, reviewer=senior2,
+    second = decisions.approval_edit_and_approve(approval_id=first.new.approval_id, reviewer=senior2,
                                                 arguments=refund(220), reason="minus shipping")
     assert (second.call_id, second.step_id) == ("call-1-edit-2", "step-1~edit2")
     assert fresh(first.new).superseded_by_id == second.new.approval_id
@@ -218,7 +218,7 @@ def test_an_edit_of_an_edit_counts_on(l3, senior, senior2):
 
 def test_edit_identifiers_fit_the_ledgers_limits(agent):
     long_call = "c" * 64
-    call_id, step_id = services.edit_identifiers(task_id="none", call_id=long_call, step_id="s" * 128)
+    call_id, step_id = decisions.edit_identifiers(task_id="none", call_id=long_call, step_id="s" * 128)
     assert call_id.endswith("-edit-1") and len(call_id) == 64
     assert step_id.endswith("~edit1") and len(step_id) == 128
 

@@ -8,8 +8,8 @@ import io
 import pytest
 from django.urls import reverse
 
-from approvals import services
 from approvals.selectors import EXPORT_FIELDS
+from ledger import decisions
 from tests.factories import make_pending_approval
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
@@ -23,15 +23,15 @@ def csv_rows(response) -> list[dict[str, str]]:
 @pytest.fixture
 def decided(agent, outsider_agent, reviewer, senior, senior2, outsider):
     refund = make_pending_approval(agent, risk_tier=3)
-    services.approval_approve(approval_id=refund.approval_id, reviewer=reviewer, reason="looks right")
+    decisions.approval_approve(approval_id=refund.approval_id, reviewer=reviewer, reason="looks right")
     mail = make_pending_approval(agent, tool_name="mail.send", risk_tier=2)
-    services.approval_reject(approval_id=mail.approval_id, reviewer=senior, reason="=HYPERLINK(\"x\")")
+    decisions.approval_reject(approval_id=mail.approval_id, reviewer=senior, reason="=HYPERLINK(\"x\")")
     big = make_pending_approval(agent, risk_tier=4)
-    services.approval_approve(approval_id=big.approval_id, reviewer=senior, reason="first of two")
-    services.approval_approve(approval_id=big.approval_id, reviewer=senior2, reason="second")
+    decisions.approval_approve(approval_id=big.approval_id, reviewer=senior, reason="first of two")
+    decisions.approval_approve(approval_id=big.approval_id, reviewer=senior2, reason="second")
     make_pending_approval(agent, risk_tier=3)  # undecided: no rows
     theirs = make_pending_approval(outsider_agent, risk_tier=2)
-    services.approval_approve(approval_id=theirs.approval_id, reviewer=outsider, reason="elsewhere")
+    decisions.approval_approve(approval_id=theirs.approval_id, reviewer=outsider, reason="elsewhere")
     return {"refund": refund, "mail": mail, "big": big, "theirs": theirs}
 
 

@@ -8,7 +8,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.test import Client
 
-from approvals import services as approval_services
+from ledger import decisions
 from tests.console.test_live import (
     TIMEOUT,
     WebsocketCommunicator,
@@ -50,7 +50,7 @@ def test_each_reviewer_sees_their_own_tier_and_their_own_approval(reviewer, seni
             await socket.send_json_to({"last_event_id": start})
         l4 = await database_sync_to_async(make_approval)(risk_tier=4)
         arrived = [await receive_naming(s, l4.approval_id) for s in sockets]
-        await database_sync_to_async(approval_services.approval_approve)(approval_id=l4.approval_id, reviewer=senior)
+        await database_sync_to_async(decisions.approval_approve)(approval_id=l4.approval_id, reviewer=senior)
         last = await database_sync_to_async(lambda: Event.objects.order_by("-id").values_list("id", flat=True).first())()
         after_first = [await receive_naming(s, l4.approval_id, last) for s in sockets]
         for socket in sockets:

@@ -13,9 +13,10 @@ from django.core import mail
 from django.db import transaction
 from django.urls import reverse
 
-from approvals import notifications, services
+from approvals import notifications
 from approvals.models import ApprovalRequest, Notification, NotificationChannel
 from console.models import Tenant
+from ledger import decisions
 from tests.approvals.test_edit import propose, refund
 from tests.factories import make_pending_approval
 
@@ -216,7 +217,7 @@ def test_an_edit_that_raises_a_call_to_l4_notifies_the_l4_channel(
     channel(4, "email", "seniors@example.com")
     l3 = propose(agent, amount=120)
     with django_capture_on_commit_callbacks(execute=True):
-        result = services.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
+        result = decisions.approval_edit_and_approve(approval_id=l3.approval_id, reviewer=senior,
                                                     arguments=refund(250), reason="full order")
     assert [m.to for m in mail.outbox] == [["seniors@example.com"]]
     assert result.new.call_id in mail.outbox[0].subject

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from approvals import selectors
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from approvals.selectors import InboxFilters
 from console.models import Membership, Role
+from ledger import decisions
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def test_the_inbox_holds_only_pending_unexpired_requests_soonest_expiry_first(re
     later = make_approval(ttl_seconds=3000)
     sooner = make_approval(ttl_seconds=60)
     decided = make_approval()
-    approval_services.approval_reject(approval_id=decided.approval_id, reviewer=reviewer, reason="no")
+    decisions.approval_reject(approval_id=decided.approval_id, reviewer=reviewer, reason="no")
     lapsed = make_approval()
     ApprovalRequest.objects.filter(pk=lapsed.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
 
@@ -64,7 +64,7 @@ def test_the_inbox_excludes_other_tenants(reviewer, make_approval, outsider_agen
 
 def test_rows_carry_the_approvals_given_and_whether_i_decided(senior, senior2, make_approval):
     l4 = make_approval(risk_tier=4)
-    approval_services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior)
     row_for_senior = selectors.inbox(senior, selectors.reviewer_scope(senior), InboxFilters()).get()
     row_for_senior2 = selectors.inbox(senior2, selectors.reviewer_scope(senior2), InboxFilters()).get()
     assert (row_for_senior.approvals_given, row_for_senior.decided_by_me) == (1, True)
@@ -95,7 +95,7 @@ def test_rows_by_id_show_decided_requests_too_but_never_another_tenants(reviewer
     from tests.factories import make_pending_approval
 
     mine = make_approval()
-    approval_services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
     theirs = make_pending_approval(outsider_agent)
     rows = selectors.inbox_rows_by_id(reviewer, selectors.reviewer_scope(reviewer),
                                       [mine.approval_id, theirs.approval_id])

@@ -12,6 +12,7 @@ from approvals import services
 from approvals.models import APPROVAL_TRANSITIONS, ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound, NotPermitted
 from console.models import Event
+from ledger import decisions
 from ledger.models import Operation, OperationStatus
 from tests.conftest import make_user
 from tests.factories import (
@@ -72,7 +73,7 @@ def test_request_create_binds_the_call_hash_version_and_expiry_with_one_event(ag
     before = timezone.now()
 
     request = services.approval_request_create(
-        operation=operation, call_id=operation.call_id, state_version=3, risk_tier=3,
+        operation=operation, task_type=operation.task.task_type, call_id=operation.call_id, state_version=3, risk_tier=3,
         approvals_needed=1, ttl_seconds=600, reasons=["amount > 50"], actor="system:gate",
     )
 
@@ -113,7 +114,7 @@ def test_one_approval_approves_the_request_and_authorizes_the_operation(l3, revi
     approval_events, operation_events = counts(l3)
 
     with django_capture_on_commit_callbacks() as callbacks:
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, reason="looks right")
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, reason="looks right")
 
     stored = ApprovalRequest.objects.get(pk=l3.pk)
     assert stored.status == A.APPROVED
@@ -132,7 +133,7 @@ def test_one_approval_approves_the_request_and_authorizes_the_operation(l3, revi
 
 
 def test_two_approvals_from_distinct_reviewers_are_needed_at_l4(l4, senior, senior2):
-    services.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first")
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first")
 
     assert status_of(l4) == A.PENDING
     assert op_status(l4) == S.PLANNED
@@ -141,7 +142,7 @@ def test_two_approvals_from_distinct_reviewers_are_needed_at_l4(l4, senior, seni
     assert "approval 1 of 2" in interim.reason
     operation_events = event_count("operation", l4.operation_id)
 
-    services.approval_approve(approval_id=l4.approval_id, reviewer=senior2, reason="second")
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior2, reason="second")
 
     assert status_of(l4) == A.APPROVED
     assert op_status(l4) == S.AUTHORIZED
@@ -151,11 +152,11 @@ def test_two_approvals_from_distinct_reviewers_are_needed_at_l4(l4, senior, seni
 
 
 def test_the_same_reviewer_cannot_give_both_approvals(l4, senior):
-    services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior)
     before = counts(l4)
 
     with pytest.raises(Conflict):
-        services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+        decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior)
 
     assert status_of(l4) == A.PENDING
     assert op_status(l4) == S.PLANNED
@@ -167,7 +168,7 @@ def test_a_reviewer_cannot_approve_above_their_max_tier(l4, reviewer):
     before = counts(l4)
 
     with pytest.raises(NotPermitted):
-        services.approval_approve(approval_id=l4.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l4.approval_id, reviewer=reviewer)
 
     assert status_of(l4) == A.PENDING
     assert not ApprovalDecision.objects.filter(request=l4).exists()
@@ -178,7 +179,7 @@ def test_a_reviewer_of_another_tenant_cannot_approve(l3, outsider):
     before = counts(l3)
 
     with pytest.raises(NotPermitted):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=outsider)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=outsider)
 
     assert status_of(l3) == A.PENDING
     assert op_status(l3) == S.PLANNED
@@ -187,7 +188,7 @@ def test_a_reviewer_of_another_tenant_cannot_approve(l3, outsider):
 
 def test_support_staff_without_the_reviewer_role_cannot_approve(l3, support_user):
     with pytest.raises(NotPermitted):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=support_user)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=support_user)
     assert status_of(l3) == A.PENDING
 
 
@@ -195,7 +196,7 @@ def test_an_inactive_reviewer_cannot_approve(l3, tenant):
     former = make_user("former", tenant, "reviewer", max_tier=4, is_active=False)
 
     with pytest.raises(NotPermitted):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=former)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=former)
     assert status_of(l3) == A.PENDING
 
 
@@ -204,7 +205,7 @@ def test_an_expired_request_cannot_be_approved(l3, reviewer):
     before = counts(l3)
 
     with pytest.raises(Conflict):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
 
     assert status_of(l3) == A.PENDING
     assert op_status(l3) == S.PLANNED
@@ -214,27 +215,27 @@ def test_an_expired_request_cannot_be_approved(l3, reviewer):
 
 def test_it_refuses_an_approval_of_arguments_the_reviewer_did_not_see(l3, reviewer):
     with pytest.raises(Conflict):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, arguments_hash="0" * 64)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, arguments_hash="0" * 64)
 
     assert status_of(l3) == A.PENDING
     assert not ApprovalDecision.objects.filter(request=l3).exists()
 
 
 def test_it_accepts_an_approval_of_the_arguments_the_reviewer_saw(l3, reviewer):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, arguments_hash=l3.arguments_hash)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, arguments_hash=l3.arguments_hash)
     assert status_of(l3) == A.APPROVED
 
 
 @pytest.mark.parametrize("closed", [A.APPROVED, A.REJECTED])
 def test_a_decided_request_cannot_be_approved_again(l3, reviewer, senior, closed):
     if closed == A.APPROVED:
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     else:
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
     before = counts(l3)
 
     with pytest.raises(Conflict):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=senior)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=senior)
 
     assert status_of(l3) == closed
     assert ApprovalDecision.objects.filter(request=l3).count() == 1
@@ -243,7 +244,7 @@ def test_a_decided_request_cannot_be_approved_again(l3, reviewer, senior, closed
 
 def test_an_unknown_request_cannot_be_approved(db, reviewer):
     with pytest.raises(NotFound):
-        services.approval_approve(approval_id="apr_nope", reviewer=reviewer)
+        decisions.approval_approve(approval_id="apr_nope", reviewer=reviewer)
 
 
 def test_approve_raises_conflict_when_another_writer_closed_the_request_first(l3, reviewer, monkeypatch):
@@ -251,7 +252,7 @@ def test_approve_raises_conflict_when_another_writer_closed_the_request_first(l3
     before = counts(l3)
 
     with pytest.raises(Conflict) as excinfo:
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
 
     assert not isinstance(excinfo.value, IllegalTransition)
     assert status_of(l3) == A.PENDING
@@ -266,7 +267,7 @@ def test_approve_rolls_back_the_decision_when_the_operation_moved_on(l3, reviewe
     before = counts(l3)
 
     with pytest.raises(IllegalTransition):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
 
     assert status_of(l3) == A.PENDING
     assert not ApprovalDecision.objects.filter(request=l3).exists()
@@ -277,7 +278,7 @@ def test_a_rolled_back_approval_leaves_neither_decision_status_nor_events(l3, re
     before = counts(l3)
 
     with pytest.raises(Boom), transaction.atomic():
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
         raise Boom
 
     assert status_of(l3) == A.PENDING
@@ -292,7 +293,7 @@ def test_a_rolled_back_approval_leaves_neither_decision_status_nor_events(l3, re
 def test_reject_rejects_the_request_and_the_operation_with_one_event_each(l3, reviewer):
     approval_events, operation_events = counts(l3)
 
-    services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="amount is wrong")
+    decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="amount is wrong")
 
     stored = ApprovalRequest.objects.get(pk=l3.pk)
     assert stored.status == A.REJECTED
@@ -310,27 +311,27 @@ def test_reject_needs_a_reason(l3, reviewer, reason):
     before = counts(l3)
 
     with pytest.raises(InvalidInput):
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason=reason)
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason=reason)
 
     assert status_of(l3) == A.PENDING
     assert counts(l3) == before
 
 
 def test_one_rejection_ends_a_two_approval_request(l4, senior, senior2):
-    services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior)
 
-    services.approval_reject(approval_id=l4.approval_id, reviewer=senior2, reason="not this one")
+    decisions.approval_reject(approval_id=l4.approval_id, reviewer=senior2, reason="not this one")
 
     assert status_of(l4) == A.REJECTED
     assert op_status(l4) == S.REJECTED
 
 
 def test_a_reviewer_who_already_approved_cannot_also_reject(l4, senior):
-    services.approval_approve(approval_id=l4.approval_id, reviewer=senior)
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior)
     before = counts(l4)
 
     with pytest.raises(Conflict):
-        services.approval_reject(approval_id=l4.approval_id, reviewer=senior, reason="changed my mind")
+        decisions.approval_reject(approval_id=l4.approval_id, reviewer=senior, reason="changed my mind")
 
     assert status_of(l4) == A.PENDING
     assert counts(l4) == before
@@ -339,7 +340,7 @@ def test_a_reviewer_who_already_approved_cannot_also_reject(l4, senior):
 def test_reject_is_refused_above_the_reviewers_tier_and_in_another_tenant(l4, reviewer, outsider):
     for person in (reviewer, outsider):
         with pytest.raises(NotPermitted):
-            services.approval_reject(approval_id=l4.approval_id, reviewer=person, reason="no")
+            decisions.approval_reject(approval_id=l4.approval_id, reviewer=person, reason="no")
     assert status_of(l4) == A.PENDING
     assert op_status(l4) == S.PLANNED
 
@@ -348,7 +349,7 @@ def test_an_expired_request_cannot_be_rejected(l3, reviewer):
     expire_clock(l3)
 
     with pytest.raises(Conflict):
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
     assert status_of(l3) == A.PENDING
 
 
@@ -357,7 +358,7 @@ def test_reject_raises_conflict_when_another_writer_closed_the_request_first(l3,
     before = counts(l3)
 
     with pytest.raises(Conflict):
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
 
     assert status_of(l3) == A.PENDING
     assert not ApprovalDecision.objects.filter(request=l3).exists()
@@ -368,7 +369,7 @@ def test_a_rolled_back_rejection_leaves_neither_decision_status_nor_events(l3, r
     before = counts(l3)
 
     with pytest.raises(Boom), transaction.atomic():
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
         raise Boom
 
     assert status_of(l3) == A.PENDING
@@ -380,8 +381,8 @@ def test_a_rolled_back_rejection_leaves_neither_decision_status_nor_events(l3, r
 # --- approval_expire, approval_invalidate --------------------------------------------------------
 
 CLOSERS = {
-    "approval_expire": (A.EXPIRED, S.EXPIRED, lambda apr_id: services.approval_expire(approval_id=apr_id)),
-    "approval_invalidate": (A.INVALIDATED, S.CANCELLED, lambda apr_id: services.approval_invalidate(
+    "approval_expire": (A.EXPIRED, S.EXPIRED, lambda apr_id: decisions.approval_expire(approval_id=apr_id)),
+    "approval_invalidate": (A.INVALIDATED, S.CANCELLED, lambda apr_id: decisions.approval_invalidate(
         approval_id=apr_id, actor="system:dispatcher", reason="task version changed")),
 }
 
@@ -403,7 +404,7 @@ def test_closing_a_pending_request_closes_its_planned_operation(l3, verb):
 @pytest.mark.parametrize("verb", list(CLOSERS))
 def test_closing_an_approved_request_closes_its_authorized_operation(l3, reviewer, verb):
     target, op_target, call = CLOSERS[verb]
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     before = counts(l3)
 
     call(l3.approval_id)
@@ -418,7 +419,7 @@ def test_closing_a_request_leaves_an_operation_that_already_left_authorized_alon
     from ledger import services as ledger_services
 
     target, _, call = CLOSERS[verb]
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     ledger_services.operation_dispatch(operation_id=l3.operation_id, worker="w1")
     operation_events = event_count("operation", l3.operation_id)
 
@@ -445,9 +446,9 @@ def test_closing_an_already_closed_request_is_a_no_op_without_an_event(l3, verb)
 def test_closing_a_finished_request_raises_illegal_transition(l3, reviewer, verb, closed):
     _, _, call = CLOSERS[verb]
     if closed == A.REJECTED:
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
     else:
-        services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
         services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
     before = counts(l3)
     operation_status = op_status(l3)
@@ -501,7 +502,7 @@ def test_closing_an_unknown_request_raises_not_found(db, verb):
 
 
 def test_consume_uses_up_an_approved_request_with_one_event(l3, reviewer):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     approval_events, operation_events = counts(l3)
 
     services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
@@ -513,16 +514,16 @@ def test_consume_uses_up_an_approved_request_with_one_event(l3, reviewer):
 
 
 def test_a_consumed_request_cannot_authorize_anything_again(l3, reviewer, senior):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
 
     with pytest.raises(Conflict):
-        services.approval_approve(approval_id=l3.approval_id, reviewer=senior)
+        decisions.approval_approve(approval_id=l3.approval_id, reviewer=senior)
     assert status_of(l3) == A.CONSUMED
 
 
 def test_consuming_twice_is_a_no_op_without_an_event(l3, reviewer):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
     before = counts(l3)
 
@@ -535,11 +536,11 @@ def test_consuming_twice_is_a_no_op_without_an_event(l3, reviewer):
 def test_only_an_approved_request_can_be_consumed(l3, reviewer, source):
     assert A.CONSUMED not in APPROVAL_TRANSITIONS[source]
     if source == A.REJECTED:
-        services.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
+        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
     elif source == A.EXPIRED:
-        services.approval_expire(approval_id=l3.approval_id)
+        decisions.approval_expire(approval_id=l3.approval_id)
     elif source == A.INVALIDATED:
-        services.approval_invalidate(approval_id=l3.approval_id, actor="system", reason="moved on")
+        decisions.approval_invalidate(approval_id=l3.approval_id, actor="system", reason="moved on")
     before = counts(l3)
 
     with pytest.raises(IllegalTransition):
@@ -550,7 +551,7 @@ def test_only_an_approved_request_can_be_consumed(l3, reviewer, source):
 
 
 def test_consume_raises_conflict_when_another_writer_invalidated_it_first(l3, reviewer, monkeypatch):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     concurrent_writer(monkeypatch, services, status=A.INVALIDATED)
     before = counts(l3)
 
@@ -563,7 +564,7 @@ def test_consume_raises_conflict_when_another_writer_invalidated_it_first(l3, re
 
 
 def test_a_rolled_back_consume_leaves_neither_status_nor_event(l3, reviewer):
-    services.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
     before = counts(l3)
 
     with pytest.raises(Boom), transaction.atomic():

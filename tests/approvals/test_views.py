@@ -9,6 +9,7 @@ from approvals.live import encode_inbox_arg, render_approval, render_inbox, rend
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.selectors import InboxFilters
 from console.models import Event
+from ledger import decisions
 from ledger.models import Operation
 
 pytestmark = pytest.mark.django_db
@@ -421,9 +422,8 @@ def test_the_inbox_stream_inserts_a_new_pending_request_out_of_band(reviewer, mi
 
 
 def test_the_inbox_stream_replaces_a_decided_request_with_its_new_status(reviewer, mine):
-    from approvals import services
 
-    services.approval_reject(approval_id=mine.approval_id, reviewer=reviewer, reason="no")
+    decisions.approval_reject(approval_id=mine.approval_id, reviewer=reviewer, reason="no")
     html = render_inbox(reviewer, _events_for(mine), "all")
     assert "afterbegin" not in html
     row = html[html.index(f'<tr id="approval-{mine.approval_id}"'):]
@@ -443,9 +443,8 @@ def test_the_inbox_stream_shows_nothing_of_another_tenant(reviewer, theirs):
 
 
 def test_the_approval_stream_follows_the_operation_status(reviewer, mine):
-    from approvals import services
 
-    services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
     events = list(Event.objects.order_by("id"))
     html = render_approval(reviewer, events, mine.approval_id)
     assert 'id="approval-status-card"' in html and 'hx-swap-oob="true"' in html
@@ -455,10 +454,9 @@ def test_the_approval_stream_follows_the_operation_status(reviewer, mine):
 
 
 def test_an_unknown_outcome_after_approval_links_to_the_support_view(reviewer, mine):
-    from approvals import services
     from ledger import services as ledger_services
 
-    services.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=mine.approval_id, reviewer=reviewer)
     events = list(Event.objects.order_by("id"))
     assert "operation-support-link" not in render_approval(reviewer, events, mine.approval_id)
     ledger_services.operation_dispatch(operation_id=mine.operation_id, worker="w1")

@@ -13,8 +13,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest
+from ledger import decisions
 from ledger.models import Operation
 from runs.models import Span
 from tests.factories import make_pending_approval
@@ -68,7 +68,7 @@ def test_a_new_request_appears_live_and_is_approved_from_the_keyboard(asgi_serve
     screenshot(page, "approvals-inbox")
 
     # A request decided elsewhere changes its row in place, without a reload.
-    approval_services.approval_reject(approval_id=older.approval_id, reviewer=reviewer, reason="not needed")
+    decisions.approval_reject(approval_id=older.approval_id, reviewer=reviewer, reason="not needed")
     decided = page.locator(f"#approval-{older.approval_id}")
     expect(decided.locator(".badge--rejected")).to_have_text("rejected")
     expect(decided.locator("a.btn--primary")).to_have_count(0)
@@ -171,10 +171,10 @@ def test_the_detail_page_follows_a_decision_made_elsewhere(asgi_server, page, sc
     l4.refresh_from_db()
     assert (l4.status, l4.decisions.count()) == ("pending", 0)
 
-    approval_services.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first of two")
+    decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior, reason="first of two")
     expect(page.locator("#approval-status")).to_contain_text("1 of 2 approvals")
     expect(page.locator("#decisions")).to_contain_text("senior approved")
-    approval_services.approval_reject(approval_id=l4.approval_id, reviewer=make_senior2(), reason="amount wrong")
+    decisions.approval_reject(approval_id=l4.approval_id, reviewer=make_senior2(), reason="amount wrong")
     expect(page.locator("#approval-status .badge")).to_have_text("rejected")
     expect(page.locator("#operation-status .badge")).to_have_text("rejected")
     expect(page.locator("#decision-panel")).to_contain_text("nothing left to decide")

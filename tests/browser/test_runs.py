@@ -6,9 +6,10 @@ import pytest
 from playwright.sync_api import expect
 
 from console.models import Role
+from ledger.decisions import lease_acquire
 from ledger.models import OperationStatus as S
 from runs.defaults import ensure_release_gates
-from runs.services import lease_acquire, task_create, task_transition
+from runs.services import task_create, task_transition
 from tests.conftest import make_user
 from tests.factories import make_operation
 
@@ -43,7 +44,7 @@ def test_a_run_page_follows_the_run_live(asgi_server, page, screenshot, agent, t
     operation = make_operation(agent, task=task, status=S.CONFIRMED)
     expect(page.locator(f"#run-op-{operation.operation_id}")).to_contain_text("confirmed")
 
-    from approvals.services import approval_invalidate
+    from ledger.decisions import approval_invalidate
     from tests.factories import make_approval_request
 
     approval = make_approval_request(make_operation(agent, task=task))

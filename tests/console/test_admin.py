@@ -12,9 +12,9 @@ from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
 from approvals.models import ApprovalDecision, ApprovalRequest, EscalationRule, PolicyTier, Tool
-from approvals.services import approval_approve
 from console.lib.ids import derive_operation_id
 from console.models import AgentPrincipal, Event, hash_token
+from ledger.decisions import approval_approve
 from ledger.models import Attempt, Call, Operation, OperationStatus
 from runs.models import Lease, Step, Task
 from tests.factories import make_approval_request, make_operation, make_task

@@ -8,10 +8,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from approvals.services import approval_approve
+from ledger.decisions import approval_approve, lease_acquire
 from ledger.dispatcher import run_dispatch
 from ledger.proposals import call_propose
-from runs.services import lease_acquire, task_create, task_transition
+from runs.services import task_create, task_transition
 
 pytestmark = pytest.mark.django_db
 

@@ -10,10 +10,9 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from approvals import services as approval_services
 from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from console.models import Membership
-from ledger import dispatcher
+from ledger import decisions, dispatcher
 from ledger.adapters import get_adapter
 from ledger.adapters.base import PROCESSING, QueryAnswer
 from ledger.dispatcher import run_dispatch
@@ -35,7 +34,7 @@ from tests.dispatch.conftest import (
     reload,
     status_story,
 )
-from tests.factories import make_approval_request, make_lease, make_operation
+from tests.factories import cancel_task, make_approval_request, make_lease, make_operation
 
 S = OperationStatus
 pytestmark = pytest.mark.django_db
@@ -49,7 +48,7 @@ def approved_refund(agent, tools, reviewer, unique):
         operation = make_operation(agent, "payments.refund", status=S.PLANNED, risk_tier=3,
                                    arguments=refund_arguments(order_id or unique("ord"), amount=80))
         approval = make_approval_request(operation, risk_tier=3)
-        approval_services.approval_approve(approval_id=approval.approval_id, reviewer=reviewer, reason="ok")
+        decisions.approval_approve(approval_id=approval.approval_id, reviewer=reviewer, reason="ok")
         assert reload(operation).status == S.AUTHORIZED
         return operation, approval
 
@@ -508,7 +507,7 @@ def test_a_tool_schema_change_stops_an_operation_that_needed_no_approval(agent, 
 
 def test_a_cancelled_task_cancels_its_authorized_operation(agent, tools, payments_url, unique):
     operation = authorized_refund(agent, unique("ord"))
-    run_services.task_cancel(task_id=operation.task_id, actor="agent", reason="customer withdrew")
+    cancel_task(operation.task_id, reason="customer withdrew")
 
     assert run_dispatch(operation.operation_id, worker="test") == "cancelled:task_cancelled"
     assert reload(operation).status == S.CANCELLED

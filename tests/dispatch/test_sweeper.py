@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from ledger import dispatcher
+from ledger import decisions, dispatcher
 from ledger.dispatcher import run_dispatch
 from ledger.models import Fact, Operation, OperationStatus
 from ledger.reconcile import run_reconcile
@@ -169,11 +169,10 @@ def test_a_pending_approval_past_its_expiry_expires_with_its_operation(agent, to
 
 
 def test_an_approved_but_undispatched_approval_past_its_expiry_expires_the_operation(agent, tools, reviewer):
-    from approvals import services as approval_services
 
     operation = make_operation(agent, "payments.refund", status=S.PLANNED, risk_tier=3)
     approval = make_approval_request(operation, ttl_seconds=60)
-    approval_services.approval_approve(approval_id=approval.approval_id, reviewer=reviewer)
+    decisions.approval_approve(approval_id=approval.approval_id, reviewer=reviewer)
 
     assert run_sweep(now=approval.expires_at + timedelta(seconds=1))["expired"] == 1
 

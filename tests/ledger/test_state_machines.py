@@ -28,6 +28,7 @@ from approvals import services as approval_services
 from approvals.models import APPROVAL_TRANSITIONS, ApprovalDecision, ApprovalRequest, ApprovalStatus
 from console.lib.errors import Conflict, DomainError, IllegalTransition, NotPermitted
 from console.models import Event
+from ledger import decisions
 from ledger import services as ledger_services
 from ledger.models import (
     OPERATION_TERMINAL,
@@ -276,7 +277,7 @@ class TaskMachine(RuleBasedStateMachine):
     def acquire(self, owner):
         status, version, lease, events = self.state()
         try:
-            run_services.lease_acquire(task_id=self.task_id, owner=owner, ttl_seconds=self.TTL, now=self.now)
+            decisions.lease_acquire(task_id=self.task_id, owner=owner, ttl_seconds=self.TTL, now=self.now)
         except Conflict:
             assert status in (T.SUCCEEDED, T.FAILED, T.CANCELLED) or (
                 lease is not None and lease[0] != owner and lease[2] > self.now)
@@ -334,18 +335,6 @@ class TaskMachine(RuleBasedStateMachine):
         else:
             assert to in TASK_TRANSITIONS[status]
             assert (new_version, new_events) == (version + 1, events + 1)
-
-    @rule()
-    def person_cancels(self):
-        status, version, lease, events = self.state()
-        try:
-            run_services.task_cancel(task_id=self.task_id, actor="user:admin", reason="property")
-        except Conflict:
-            assert T.CANCELLED not in TASK_TRANSITIONS[status] and status != T.CANCELLED
-            assert self.state() == (status, version, lease, events)
-            return
-        assert status == T.CANCELLED or T.CANCELLED in TASK_TRANSITIONS[status]
-        assert self.state()[0] == T.CANCELLED
 
     @invariant()
     def the_event_log_replays_to_the_status_and_version(self):
@@ -411,7 +400,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         before = self.state(request.pk)
         already = ApprovalDecision.objects.filter(request=request, reviewer=user).exists()
         try:
-            approval_services.approval_approve(approval_id=request.pk, reviewer=user)
+            decisions.approval_approve(approval_id=request.pk, reviewer=user)
         except DomainError as exc:
             assert self.state(request.pk) == before
             if isinstance(exc, NotPermitted):
@@ -439,7 +428,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         allowed = bool(reason) and max_tier is not None and request.risk_tier <= max_tier
         open_ = before[0] == A.PENDING and not before[2]
         try:
-            approval_services.approval_reject(approval_id=request.pk, reviewer=user, reason=reason)
+            decisions.approval_reject(approval_id=request.pk, reviewer=user, reason=reason)
         except DomainError:
             assert self.state(request.pk) == before
             already = ApprovalDecision.objects.filter(request=request, reviewer=user).exists()
@@ -456,8 +445,8 @@ class ApprovalMachine(RuleBasedStateMachine):
         before = self.state(approval_id)
         target = {"expire": A.EXPIRED, "invalidate": A.INVALIDATED, "consume": A.CONSUMED}[verb]
         call = {
-            "expire": lambda: approval_services.approval_expire(approval_id=approval_id),
-            "invalidate": lambda: approval_services.approval_invalidate(
+            "expire": lambda: decisions.approval_expire(approval_id=approval_id),
+            "invalidate": lambda: decisions.approval_invalidate(
                 approval_id=approval_id, actor="system", reason="property"),
             "consume": lambda: approval_services.approval_consume(approval_id=approval_id, actor="worker:w"),
         }[verb]

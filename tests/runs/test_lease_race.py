@@ -11,9 +11,10 @@ from django.utils import timezone
 
 from console.lib.errors import Conflict
 from console.models import Event
+from ledger.decisions import lease_acquire
 from ledger.proposals import call_propose
 from runs.models import Lease, Task
-from runs.services import lease_acquire, task_create, task_transition
+from runs.services import task_create, task_transition
 
 pytestmark = [
     pytest.mark.postgres,

@@ -9,7 +9,8 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from console.models import Event
-from runs.services import lease_acquire, task_create, task_transition
+from ledger.decisions import lease_acquire
+from runs.services import task_create, task_transition
 from tests.console.test_live import (
     WebsocketCommunicator,
     application,

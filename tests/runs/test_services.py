@@ -11,9 +11,17 @@ from django.utils import timezone
 
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound, NotPermitted
 from console.models import Event
+from ledger import decisions
 from runs import services
-from runs.models import TASK_TRANSITIONS, Lease, Task, TaskStatus
-from tests.factories import concurrent_writer, event_count, events_of, make_lease, make_task
+from runs.models import Lease, Task, TaskStatus
+from tests.factories import (
+    cancel_task,
+    concurrent_writer,
+    event_count,
+    events_of,
+    make_lease,
+    make_task,
+)
 
 T = TaskStatus
 
@@ -246,98 +254,13 @@ def test_a_rolled_back_transition_leaves_neither_status_nor_event(task, token):
     assert event_count("task", task.task_id) == before
 
 
-# --- task_cancel ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        [],
-        [T.PLANNING],
-        [T.PLANNING, T.RUNNING],
-        [T.PLANNING, T.RUNNING, T.WAITING_EXTERNAL],
-        [T.PLANNING, T.RUNNING, T.PAUSED],
-    ],
-)
-def test_task_cancel_cancels_a_live_task_with_one_event(task, token, path):
-    drive(task, *path, token=token)
-    version = task.version
-    before = event_count("task", task.task_id)
-
-    services.task_cancel(task_id=task.task_id, actor="user:admin", reason="customer withdrew")
-
-    task.refresh_from_db()
-    assert task.status == T.CANCELLED
-    assert task.version == version + 1
-    events = events_of("task", task.task_id)
-    assert len(events) == before + 1
-    assert (events[-1].to_status, events[-1].reason) == (T.CANCELLED, "customer withdrew")
-
-
-def test_task_cancel_of_a_cancelled_task_is_a_no_op_without_an_event(task):
-    services.task_cancel(task_id=task.task_id, actor="user:admin", reason="first")
-    before = event_count("task", task.task_id)
-
-    services.task_cancel(task_id=task.task_id, actor="user:admin", reason="again")
-
-    assert Task.objects.get(pk=task.pk).version == 2
-    assert event_count("task", task.task_id) == before
-
-
-def test_task_cancel_refuses_a_verifying_task(task, token):
-    assert T.CANCELLED not in TASK_TRANSITIONS[T.VERIFYING]
-    drive(task, T.PLANNING, T.RUNNING, T.VERIFYING, token=token)
-
-    with pytest.raises(IllegalTransition):
-        services.task_cancel(task_id=task.task_id, actor="user:admin", reason="too late")
-    assert Task.objects.get(pk=task.pk).status == T.VERIFYING
-
-
-def test_task_cancel_of_a_failed_task_raises_illegal_transition(task, token):
-    drive(task, T.PLANNING, T.FAILED, token=token)
-    before = event_count("task", task.task_id)
-
-    with pytest.raises(IllegalTransition):
-        services.task_cancel(task_id=task.task_id, actor="user:admin", reason="too late")
-
-    assert Task.objects.get(pk=task.pk).status == T.FAILED
-    assert event_count("task", task.task_id) == before
-
-
-def test_task_cancel_of_an_unknown_task_raises_not_found(db):
-    with pytest.raises(NotFound):
-        services.task_cancel(task_id="tsk_nope", actor="user:admin", reason="x")
-
-
-def test_task_cancel_raises_conflict_when_another_writer_moved_the_task_first(task, monkeypatch):
-    concurrent_writer(monkeypatch, services, status=T.PLANNING, version=2)
-    before = event_count("task", task.task_id)
-
-    with pytest.raises(Conflict) as excinfo:
-        services.task_cancel(task_id=task.task_id, actor="user:admin", reason="x")
-
-    assert not isinstance(excinfo.value, IllegalTransition)
-    assert event_count("task", task.task_id) == before
-
-
-def test_a_rolled_back_cancel_leaves_neither_status_nor_event(task):
-    before = event_count("task", task.task_id)
-
-    with pytest.raises(Boom), transaction.atomic():
-        services.task_cancel(task_id=task.task_id, actor="user:admin", reason="x")
-        raise Boom
-
-    assert Task.objects.get(pk=task.pk).status == T.QUEUED
-    assert event_count("task", task.task_id) == before
-
-
 # --- lease_acquire ----------------------------------------------------------------------------
 
 
 def test_lease_acquire_grants_the_first_lease_with_token_one_and_an_event(task):
     now = timezone.now()
 
-    lease = services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
+    lease = decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
 
     stored = Lease.objects.get(task=task)
     assert (stored.owner, stored.generation, stored.fencing_token) == ("worker-1", 1, 1)
@@ -351,9 +274,9 @@ def test_lease_acquire_grants_the_first_lease_with_token_one_and_an_event(task):
 
 def test_lease_acquire_renews_for_the_holder_keeping_its_token_without_an_event(task):
     now = timezone.now()
-    services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
+    decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
 
-    renewed = services.lease_acquire(
+    renewed = decisions.lease_acquire(
         task_id=task.task_id, owner="worker-1", ttl_seconds=60, now=now + timedelta(seconds=20)
     )
 
@@ -366,10 +289,10 @@ def test_lease_acquire_renews_for_the_holder_keeping_its_token_without_an_event(
 
 def test_lease_acquire_refuses_another_owner_while_the_lease_is_live(task):
     now = timezone.now()
-    services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
+    decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
 
     with pytest.raises(Conflict):
-        services.lease_acquire(
+        decisions.lease_acquire(
             task_id=task.task_id, owner="worker-2", ttl_seconds=30, now=now + timedelta(seconds=29)
         )
 
@@ -379,9 +302,9 @@ def test_lease_acquire_refuses_another_owner_while_the_lease_is_live(task):
 
 def test_lease_acquire_lets_a_new_owner_take_over_an_expired_lease_with_token_plus_one(task):
     now = timezone.now()
-    services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
+    decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
 
-    lease = services.lease_acquire(
+    lease = decisions.lease_acquire(
         task_id=task.task_id, owner="worker-2", ttl_seconds=30, now=now + timedelta(seconds=31)
     )
 
@@ -396,7 +319,7 @@ def test_fencing_tokens_strictly_increase_across_takeovers(task):
     now = timezone.now()
     tokens = []
     for i in range(5):
-        lease = services.lease_acquire(
+        lease = decisions.lease_acquire(
             task_id=task.task_id, owner=f"worker-{i}", ttl_seconds=1, now=now + timedelta(seconds=2 * i)
         )
         tokens.append(lease.fencing_token)
@@ -408,26 +331,26 @@ def test_fencing_tokens_strictly_increase_across_takeovers(task):
 @pytest.mark.parametrize("ttl", [0, -1, 3601])
 def test_lease_acquire_rejects_a_ttl_out_of_range(task, ttl):
     with pytest.raises(InvalidInput):
-        services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=ttl)
+        decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=ttl)
     assert not Lease.objects.filter(task=task).exists()
 
 
 def test_lease_acquire_rejects_an_unknown_task(db):
     with pytest.raises(NotFound):
-        services.lease_acquire(task_id="tsk_nope", owner="worker-1", ttl_seconds=30)
+        decisions.lease_acquire(task_id="tsk_nope", owner="worker-1", ttl_seconds=30)
 
 
 def test_lease_acquire_refuses_a_terminal_task(task):
-    services.task_cancel(task_id=task.task_id, actor="user:admin", reason="x")
+    cancel_task(task.task_id)  # by the agent, under a lease of its own
 
     with pytest.raises(Conflict):
-        services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30)
-    assert not Lease.objects.filter(task=task).exists()
+        decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30)
+    assert list(Lease.objects.filter(task=task).values_list("owner", flat=True)) == ["canceller"]
 
 
 def test_lease_acquire_raises_conflict_when_another_worker_takes_over_first(task, monkeypatch):
     now = timezone.now()
-    services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
+    decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30, now=now)
     real = services._locked_lease
 
     def racing(t):
@@ -441,7 +364,7 @@ def test_lease_acquire_raises_conflict_when_another_worker_takes_over_first(task
     monkeypatch.setattr(services, "_locked_lease", racing)
 
     with pytest.raises(Conflict):
-        services.lease_acquire(
+        decisions.lease_acquire(
             task_id=task.task_id, owner="worker-2", ttl_seconds=30, now=now + timedelta(seconds=60)
         )
     assert event_count("lease", task.task_id) == 1
@@ -453,7 +376,7 @@ def test_lease_acquire_raises_conflict_when_another_worker_creates_the_lease_fir
     monkeypatch.setattr(services, "_locked_lease", lambda t: None)
 
     with pytest.raises(Conflict):
-        services.lease_acquire(task_id=task.task_id, owner="worker-2", ttl_seconds=30)
+        decisions.lease_acquire(task_id=task.task_id, owner="worker-2", ttl_seconds=30)
 
     assert Lease.objects.get(task=task).owner == "worker-1"
     assert event_count("lease", task.task_id) == 0
@@ -461,7 +384,7 @@ def test_lease_acquire_raises_conflict_when_another_worker_creates_the_lease_fir
 
 def test_a_rolled_back_lease_acquire_leaves_neither_lease_nor_event(task):
     with pytest.raises(Boom), transaction.atomic():
-        services.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30)
+        decisions.lease_acquire(task_id=task.task_id, owner="worker-1", ttl_seconds=30)
         raise Boom
 
     assert not Lease.objects.filter(task=task).exists()

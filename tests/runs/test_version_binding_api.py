@@ -9,7 +9,7 @@ from django.db.models import F
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, ApprovalStatus, Tool
-from approvals.services import approval_approve
+from ledger.decisions import approval_approve
 from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
 from tests.api.conftest import MAIL, call_body, start_task

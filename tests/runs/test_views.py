@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from console.models import Role
 from runs.models import ModelPrice, Span, Task
-from runs.services import task_cancel, task_create
+from runs.services import task_create
 from tests.conftest import make_user
+from tests.factories import cancel_task
 
 pytestmark = pytest.mark.django_db
 
@@ -184,7 +185,7 @@ def test_a_finished_run_says_so_a_minute_later_and_the_page_stops_asking(client,
     task = task_create(principal=agent, task_type="refund", goal="g")
     add_spans(task, 1)
     cursor = client.get(f"/runs/{task.task_id}/").context["cursor"]
-    task_cancel(task_id=task.task_id, actor="user:viewer", reason="done")
+    cancel_task(task.task_id, reason="done")
     # Exporters send a run's last spans a few seconds after it ended: the page keeps asking a minute.
     assert trace(client, task, cursor, 1).status_code == 204
     Task.objects.filter(pk=task.pk).update(updated_at=timezone.now() - timedelta(seconds=61))

@@ -8,10 +8,10 @@ import pytest
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.services import approval_approve
 from console.lib.errors import IllegalTransition, InvalidInput, NotFound, NotPermitted
 from ledger import services as ledger_services
 from ledger.compensation import compensation_propose
+from ledger.decisions import approval_approve
 from ledger.dispatcher import run_dispatch
 from ledger.models import Operation
 from ledger.models import OperationStatus as S

@@ -7,6 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from ledger import decisions
 from ledger.models import Operation, OperationStatus
 from tests.support.conftest import age_last_attempt, make_operation, make_unknown, record_answer
 
@@ -195,9 +196,9 @@ def test_the_detail_page_shows_the_approval_and_its_decision(client, agent, supp
 
     operation = make_operation(agent, status=S.PLANNED)
     approval = approval_services.approval_request_create(
-        operation=operation, call_id=operation.call_id, state_version=operation.task.version, risk_tier=3,
+        operation=operation, task_type=operation.task.task_type, call_id=operation.call_id, state_version=operation.task.version, risk_tier=3,
         approvals_needed=1, ttl_seconds=600, reasons=["amount > 50"], actor=agent.ref)
-    approval_services.approval_approve(approval_id=approval.approval_id, reviewer=reviewer,
+    decisions.approval_approve(approval_id=approval.approval_id, reviewer=reviewer,
                                        reason="matches the ticket")
     make_unknown(operation)
     client.force_login(support_user)
