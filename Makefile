@@ -24,6 +24,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/check_imports.py
 
 chaos: $(STAMP)
 	$(PY) manage.py chaos --trials 20

@@ -8,6 +8,7 @@ from django.template.loader import render_to_string
 
 from approvals.models import ApprovalRequest
 from console import live
+from console.models import Event
 from ledger.models import Operation
 from runs.models import Task
 
@@ -19,9 +20,9 @@ def _render_run(user, events: Sequence, task_id: str) -> str:
     approval_ids = set(ApprovalRequest.objects.filter(task_id=task_id).values_list("approval_id", flat=True))
     mine = [
         e for e in events
-        if (e.entity == "task" and e.entity_id == task_id)
-        or (e.entity == "operation" and e.entity_id in operation_ids)
-        or (e.entity == "approval" and e.entity_id in approval_ids)
+        if (e.entity == Event.Entity.TASK and e.entity_id == task_id)
+        or (e.entity == Event.Entity.OPERATION and e.entity_id in operation_ids)
+        or (e.entity == Event.Entity.APPROVAL and e.entity_id in approval_ids)
     ]
     if not mine:
         return ""

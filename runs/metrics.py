@@ -162,7 +162,7 @@ def _token_cost(tasks, tenant_ids: set[int]) -> dict[str, Decimal]:
 def _touched_by_people(operations) -> set[str]:
     """Operations a person approved, rejected, resolved or otherwise moved."""
     touched = set(operations.filter(approval_requests__isnull=False).values_list("operation_id", flat=True))
-    touched |= set(Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"),
+    touched |= set(Event.objects.filter(entity=Event.Entity.OPERATION, entity_id__in=operations.values("operation_id"),
                                         actor__startswith="user:").values_list("entity_id", flat=True))
     return touched
 
@@ -171,7 +171,7 @@ def _resolutions(operations) -> tuple[list[tuple[datetime, bool, float]], int]:
     """Each way out of `unknown`: (when, by the system?, seconds in doubt); and how many are
     still in doubt."""
     events = (
-        Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"))
+        Event.objects.filter(entity=Event.Entity.OPERATION, entity_id__in=operations.values("operation_id"))
         .filter(Q(to_status=S.UNKNOWN) | Q(from_status__in=[S.UNKNOWN, S.MANUAL]))
         .order_by("id").values_list("entity_id", "to_status", "actor", "created_at")
     )
@@ -235,7 +235,7 @@ def series(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: 
     for op_id, at in operations.values_list("operation_id", "created_at"):
         created[bucket(at)] += 1
         touched[bucket(at)] += op_id in people
-    rows = Event.objects.filter(entity="operation", entity_id__in=operations.values("operation_id"),
+    rows = Event.objects.filter(entity=Event.Entity.OPERATION, entity_id__in=operations.values("operation_id"),
                                 created_at__gte=since, to_status__in=[S.CONFIRMED, S.UNKNOWN])
     for to_status, at in rows.values_list("to_status", "created_at"):
         (confirmed if to_status == S.CONFIRMED else unknown)[bucket(at)] += 1

@@ -89,9 +89,9 @@ def run_detail_context(task: Task) -> dict:
     approvals = list(ApprovalRequest.objects.filter(task=task).select_related("tool").order_by("created_at"))
     # The same events the live stream appends (runs/live.py): the task's, its operations', its approvals'.
     events = list(Event.objects.filter(
-        Q(entity="task", entity_id=task.task_id)
-        | Q(entity="operation", entity_id__in=[op.operation_id for op in operations])
-        | Q(entity="approval", entity_id__in=[a.approval_id for a in approvals])
+        Q(entity=Event.Entity.TASK, entity_id=task.task_id)
+        | Q(entity=Event.Entity.OPERATION, entity_id__in=[op.operation_id for op in operations])
+        | Q(entity=Event.Entity.APPROVAL, entity_id__in=[a.approval_id for a in approvals])
     ).order_by("id"))
     return {
         "task": task, "summary": summary, "spans": payload(rows, costs), "span_count": total,

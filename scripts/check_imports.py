@@ -138,7 +138,7 @@ def findings(root: Path) -> list[str]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     problems = []
     for name, path in modules.items():
-        for target, line, inside_function in imports_of(path, name, modules):
+        for target, line, inside_function in sorted(set(imports_of(path, name, modules))):
             graph[name].add(target)
             if inside_function and package_of(target) != package_of(name):
                 problems.append(f"{path.relative_to(root)}:{line}: function-local import of {target} "
