@@ -2,8 +2,8 @@
 
 `notifications_plan(approval)` runs inside the transaction that creates the request: it writes
 one `Notification` row (pending) per enabled channel of the request's tier and tenant, and
-enqueues their deliveries **on commit** (PITFALLS: a worker must not read an uncommitted row,
-and a rolled-back request must announce nothing). An edit that raises a call to L4 creates a
+enqueues their deliveries **on commit** (a worker must not read an uncommitted row, and a
+rolled-back request must announce nothing). An edit that raises a call to L4 creates a
 new L4 request, so the L4 channels hear about it like any other L4 request.
 
 Delivery (`notification_deliver`, run by the Celery task `approvals.deliver_notification`)
@@ -14,10 +14,9 @@ after that the row is `failed` — visible in the admin and on the request's pag
 may lose or repeat the task: a repeat of a sent row is a no-op, and
 `notifications_enqueue_due` (meant for Celery beat) re-enqueues pending rows that are due.
 
-Settings (all optional, read with getattr; `console/settings.py` should declare them):
-`PUBLIC_BASE_URL` (absolute links in webhooks and emails, default http://127.0.0.1:8000),
-`NOTIFICATION_MAX_ATTEMPTS` (5), `NOTIFICATION_BACKOFF_SECONDS` (base, 2),
-`NOTIFICATION_BACKOFF_CAP_SECONDS` (600), `NOTIFICATION_TIMEOUT_SECONDS` (5).
+Settings (`console/settings.py`, from the environment): `PUBLIC_BASE_URL` (absolute links in
+webhooks and emails), `NOTIFICATION_MAX_ATTEMPTS`, `NOTIFICATION_BACKOFF_SECONDS` (the base),
+`NOTIFICATION_BACKOFF_CAP_SECONDS`, `NOTIFICATION_TIMEOUT_SECONDS`.
 """
 
 from __future__ import annotations
@@ -36,27 +35,22 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, Notification, NotificationChannel, NotificationStatus
 
-N = NotificationStatus
 MAX_ERROR_CHARS = 1000
 
 
-def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
-
-
 def max_attempts() -> int:
-    return int(_setting("NOTIFICATION_MAX_ATTEMPTS", 5))
+    return int(settings.NOTIFICATION_MAX_ATTEMPTS)
 
 
 def backoff_seconds(attempt: int) -> float:
     """Delay before attempt `attempt + 1`: base · 2^(attempt − 1), capped."""
-    base = float(_setting("NOTIFICATION_BACKOFF_SECONDS", 2.0))
-    cap = float(_setting("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0))
+    base = float(settings.NOTIFICATION_BACKOFF_SECONDS)
+    cap = float(settings.NOTIFICATION_BACKOFF_CAP_SECONDS)
     return min(cap, base * (2 ** max(0, attempt - 1)))
 
 
 def public_base_url() -> str:
-    return str(_setting("PUBLIC_BASE_URL", "http://127.0.0.1:8000")).rstrip("/")
+    return str(settings.PUBLIC_BASE_URL).rstrip("/")
 
 
 def approval_url(approval: ApprovalRequest) -> str:
@@ -112,7 +106,7 @@ class DeliveryError(Exception):
 
 
 def _send_webhook(channel: NotificationChannel, body: dict[str, Any]) -> None:
-    timeout = float(_setting("NOTIFICATION_TIMEOUT_SECONDS", 5.0))
+    timeout = float(settings.NOTIFICATION_TIMEOUT_SECONDS)
     try:
         response = httpx.post(channel.target, content=json.dumps(body), timeout=timeout,
                               headers={"Content-Type": "application/json", "User-Agent": "Countersign"})
@@ -157,11 +151,11 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
         Notification.objects.select_related("channel", "approval__operation__tool", "approval__tenant")
         .filter(pk=notification_id).first()
     )
-    if notification is None or notification.status != N.PENDING:
+    if notification is None or notification.status != NotificationStatus.PENDING:
         return notification
     attempt = notification.attempts + 1
     claimed = Notification.objects.filter(
-        pk=notification.pk, status=N.PENDING, attempts=notification.attempts
+        pk=notification.pk, status=NotificationStatus.PENDING, attempts=notification.attempts
     ).update(attempts=F("attempts") + 1)
     if claimed != 1:
         return Notification.objects.filter(pk=notification_id).first()
@@ -175,14 +169,14 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
         error = str(exc)[:MAX_ERROR_CHARS] or "delivery failed"
     now = timezone.now()
     if not error:
-        Notification.objects.filter(pk=notification.pk).update(status=N.SENT, sent_at=now, next_attempt_at=None)
+        Notification.objects.filter(pk=notification.pk).update(status=NotificationStatus.SENT, sent_at=now, next_attempt_at=None)
     else:
         with transaction.atomic():
             row = Notification.objects.select_for_update().get(pk=notification.pk)
             row.errors = [*row.errors, {"attempt": attempt, "at": now.isoformat(), "error": error}]
             row.last_error = error
             if attempt >= max_attempts():
-                row.status, row.next_attempt_at = N.FAILED, None
+                row.status, row.next_attempt_at = NotificationStatus.FAILED, None
             else:
                 row.next_attempt_at = now + timedelta(seconds=backoff_seconds(attempt))
             row.save(update_fields=["errors", "last_error", "status", "next_attempt_at"])
@@ -194,7 +188,7 @@ def notifications_enqueue_due(*, now=None, limit: int = 500) -> int:
     Meant for Celery beat; a duplicate enqueue is harmless (the claim above)."""
     now = now or timezone.now()
     ids = list(
-        Notification.objects.filter(status=N.PENDING, next_attempt_at__lte=now)
+        Notification.objects.filter(status=NotificationStatus.PENDING, next_attempt_at__lte=now)
         .order_by("next_attempt_at").values_list("pk", flat=True)[:limit]
     )
     for pk in ids:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from approvals.models import NotificationStatus
+
 
 @shared_task(name="approvals.deliver_notification", acks_late=True, reject_on_worker_lost=True)
 def deliver_notification(notification_id: int) -> str:
@@ -15,7 +17,7 @@ def deliver_notification(notification_id: int) -> str:
     row = notifications.notification_deliver(notification_id=notification_id)
     if row is None:
         return "missing"
-    if row.status == notifications.N.PENDING and row.next_attempt_at is not None:
+    if row.status == NotificationStatus.PENDING and row.next_attempt_at is not None:
         delay = max(0.0, (row.next_attempt_at - timezone.now()).total_seconds())
         notifications.enqueue_delivery(row.pk, countdown=delay)
     return row.status

@@ -10,9 +10,11 @@ compare-and-set and write the event. What this module adds:
 - "exactly one action counts": under a row lock the operation must still be waiting for a
   person, or the action is refused with Conflict naming who resolved it.
 
-Provider answers are evidence records, not transitions: an Event with entity "provider_query",
-`entity_id` = operation ID and `to_status` = the answer's state (found, processing, absent,
-error, unsupported); the raw answer and the moment it was asked are in `evidence`.
+Provider answers are evidence records, not transitions: an event of kind `provider_answer`
+with entity `provider_query`, `entity_id` = operation ID and `to_status` = the answer's state
+(found, processing, absent, error, unsupported); the raw answer and the moment it was asked are
+in `evidence`. Compensating an effect is a new operation with its own approval
+(`ledger.compensation`).
 """
 
 from __future__ import annotations
