@@ -229,10 +229,10 @@ LIVE_POLL_SECONDS = env_float("LIVE_POLL_SECONDS", 0.25, minimum=0.01)
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["console.api_auth.AgentTokenAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["console.api.AgentTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "console.api.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

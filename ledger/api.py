@@ -24,7 +24,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.gate import Decision
-from console.api_auth import principal_for_authorization
+from console.api import (
+    ErrorSerializer,
+    JSONObjectField,
+    StrictCharField,
+    StrictIntegerField,
+    error_body,
+    errors,
+    principal_for_authorization,
+)
 from console.lib.errors import DomainError, InvalidInput
 from ledger.models import OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
@@ -35,7 +43,6 @@ from ledger.selectors import (
     operation_detail,
     operation_for_principal,
 )
-from runs.api import ErrorSerializer, JSONObjectField, StrictCharField, StrictIntegerField, errors
 
 DECISIONS = [(value, value) for value in Decision.values]
 MAX_WAIT_SECONDS = 30.0
@@ -169,8 +176,7 @@ def _json(body: dict[str, Any], *, status_code: int = 200, headers: dict[str, st
 
 def _error(code: str, message: str, details: dict | None = None, *, status_code: int,
            headers: dict[str, str] | None = None) -> HttpResponse:
-    return _json({"error": {"code": code, "message": message, "details": details or {}}},
-                 status_code=status_code, headers=headers)
+    return _json(error_body(code, message, details), status_code=status_code, headers=headers)
 
 
 def _db(fn: Callable[..., Any]) -> Callable[..., Any]:

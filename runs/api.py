@@ -1,96 +1,27 @@
-"""Agent API for task contracts, leases and transitions (DESIGN.md "Agent API").
+"""Agent API for task contracts, leases and transitions.
 
 One view per operation; each view validates with its input serializer, calls one service and
-answers with its output serializer. Errors go through `console.api_errors.exception_handler`:
-{"error": {"code", "message", "details"}}.
+answers with its output serializer. The shared fields, the error shape and bearer-token auth
+come from `console.api`; errors reach the client through its `exception_handler`.
 """
 
 from __future__ import annotations
 
 import math
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.plumbing import build_bearer_security_scheme_object
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.gate import CONSTRAINT_TYPES, parse_deadline
+from console.api import JSONObjectField, StrictCharField, StrictIntegerField, errors
 from ledger import decisions
 from runs import services
 from runs.models import TaskStatus
 from runs.selectors import task_for_principal, task_lease
 
 TASK_STATUSES = "One of: " + ", ".join(TaskStatus.values) + "."
-
-# --- shared fields and schema pieces ---------------------------------------------------------
-
-
-class StrictCharField(serializers.CharField):
-    """A JSON string, not anything DRF could turn into one (5 is not a goal)."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer: "3", 3.0 and true are not versions or tokens."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-@extend_schema_field(OpenApiTypes.OBJECT)
-class JSONObjectField(serializers.JSONField):
-    default_error_messages = {"not_object": "Expected a JSON object."}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            self.fail("not_object")
-        return super().to_internal_value(data)
-
-
-class ErrorSerializer(serializers.Serializer):
-    class Body(serializers.Serializer):
-        code = serializers.CharField(help_text="invalid, unauthenticated, forbidden, not_found, conflict, "
-                                               "illegal_transition, intent_mismatch, rate_limited, …")
-        message = serializers.CharField()
-        details = serializers.DictField(help_text="Machine-readable; validation errors are under `fields`.")
-
-        class Meta:
-            ref_name = "ErrorBody"
-
-    error = Body()
-
-    class Meta:
-        ref_name = "Error"
-
-
-def errors(*codes: int) -> dict[int, OpenApiResponse]:
-    text = {
-        400: "Invalid input (malformed JSON, wrong types, schema).",
-        401: "Missing or unknown bearer token.",
-        403: "Not permitted.",
-        404: "No such record in your tenant.",
-        409: "Version or fencing token conflict, or in flight.",
-        422: "Same key, other intent.",
-    }
-    return {code: OpenApiResponse(ErrorSerializer, description=text[code]) for code in codes}
-
-
-class AgentTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "console.api_auth.AgentTokenAuthentication"
-    name = "agentToken"
-
-    def get_security_definition(self, auto_schema):
-        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Bearer")
-
 
 # --- contract validation ---------------------------------------------------------------------
 

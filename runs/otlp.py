@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
-from console.api_auth import principal_for_authorization
+from console.api import error_body, principal_for_authorization
 from console.lib.errors import InvalidInput
 from runs.spans import spans_ingest
 
@@ -201,7 +201,7 @@ def ns_to_datetime(ns: int) -> datetime:
 # --- the endpoint -----------------------------------------------------------------------------
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, "details": {}}}, status=status)
+    return JsonResponse(error_body(code, message), status=status)
 
 
 def _body(request: HttpRequest) -> bytes:
