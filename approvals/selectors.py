@@ -28,7 +28,6 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
 from console.models import Membership, Role
-from ledger.models import Operation
 
 A = ApprovalStatus
 
@@ -236,10 +235,6 @@ def decisions_for_operation(operation_id: str) -> list[ApprovalDecision]:
         .select_related("reviewer", "request")
         .order_by("created_at", "id")
     )
-
-
-def operation_status(operation_id: str) -> Operation | None:
-    return Operation.objects.filter(operation_id=operation_id).select_related("tool").first()
 
 
 # ----------------------------------------------------------------------------- presentation
