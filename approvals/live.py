@@ -7,61 +7,36 @@
 - "approval" (`/ws/live/approval/<approval_id>/`): the detail page's status, operation status
   and decisions follow the request and its operation.
 
-`arg` carries what the page shows: for the inbox, its filters and page number, base64url-encoded
-(a path segment cannot hold `/` or `?`).
+`arg` carries what the page shows: for the inbox, its filters and page number
+(`InboxFilterSet.live_arg`, read back by `InboxFilterSet.from_arg`).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 from collections.abc import Sequence
-from urllib.parse import parse_qs, urlencode
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.template.loader import render_to_string
 
 from approvals import selectors
-from approvals.models import ApprovalRequest
-from approvals.selectors import InboxFilters
+from approvals.filters import InboxFilterSet
+from approvals.models import ApprovalDecision, ApprovalRequest
+from approvals.selectors import decorate_rows, review_context
 from console import live
 
 INBOX_ROWS_ID = "inbox-rows"
 
 
-def encode_inbox_arg(filters: InboxFilters, page: int = 1) -> str:
-    params = {k: v for k, v in (("q", filters.q), ("tool", filters.tool), ("task_type", filters.task_type),
-                                ("age", filters.age), ("tenant", filters.tenant)) if v}
-    if filters.tier is not None:
-        params["tier"] = str(filters.tier)
-    if filters.requested_by is not None:
-        params["requested_by"] = str(filters.requested_by)
-    if page != 1:
-        params["page"] = str(page)
-    if not params:
-        return "all"
-    return base64.urlsafe_b64encode(urlencode(sorted(params.items())).encode()).decode().rstrip("=")
-
-
-def decode_inbox_arg(arg: str) -> tuple[InboxFilters, int]:
-    if not arg or arg == "all":
-        return InboxFilters(), 1
+def read_inbox_arg(arg: str) -> tuple[InboxFilterSet, int]:
+    """The page's filters and page number; an argument that does not read is page 1, unfiltered."""
+    filters, data = InboxFilterSet.from_arg(arg)
     try:
-        raw = base64.urlsafe_b64decode(arg + "=" * (-len(arg) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return InboxFilters(), 1
-    params = {k: v[0] for k, v in parse_qs(raw).items()}
-    try:
-        tier = int(params["tier"]) if "tier" in params else None
-        requested_by = int(params["requested_by"]) if "requested_by" in params else None
-        page = max(1, int(params.get("page", "1")))
+        page = max(1, int(data.get("page", "1")))
     except ValueError:
-        tier, requested_by, page = None, None, 1
-    return InboxFilters(q=params.get("q", ""), tool=params.get("tool", ""), tier=tier,
-                        task_type=params.get("task_type", ""), age=params.get("age", ""),
-                        tenant=params.get("tenant", ""), requested_by=requested_by), page
+        page = 1
+    return filters, page
 
 
 def _approval_ids(events: Sequence) -> list[str]:
@@ -73,18 +48,15 @@ def _approval_ids(events: Sequence) -> list[str]:
 
 
 def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
-    from approvals.views import decorate_rows
-
     ids = _approval_ids(events)
     if not ids:
         return ""
     scope = selectors.reviewer_scope(user)
-    filters, page = decode_inbox_arg(arg)
+    filters, page = read_inbox_arg(arg)
     rows = selectors.inbox_rows_by_id(user, scope, ids)
     decorate_rows(rows.values(), scope)
-    matching = set(rows) if filters.is_empty() else set(
-        selectors.apply_filters(ApprovalRequest.objects.filter(approval_id__in=list(rows)), filters)
-        .values_list("approval_id", flat=True)
+    matching = set(rows) if filters.is_empty else set(
+        filters.apply(ApprovalRequest.objects.filter(approval_id__in=list(rows))).values_list("approval_id", flat=True)
     )
     inserted, replaced = [], []
     # Newest first, so that several arrivals in one batch end up in arrival order at the top.
@@ -133,8 +105,6 @@ def _tier_counts_for_batch(scope, events: Sequence) -> dict[int, int]:
 
 
 def render_approval(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
-    from approvals.views import review_context
-
     scope = selectors.reviewer_scope(user)
     approval = selectors.approval_for_user(user, scope, arg)
     if approval is None:
@@ -163,8 +133,6 @@ def reviewer_viewer(user: AbstractBaseUser) -> live.Viewer:
 def decisions_in_batch(events: Sequence) -> dict[str, frozenset]:
     """Who has decided each request of the batch: the one per-user thing the fragments show
     ("you approved; needs another reviewer"), read once for every socket."""
-    from approvals.models import ApprovalDecision
-
     ids = _approval_ids(events)
     operation_ids = [e.entity_id for e in events if e.entity == "operation"]
     out: dict[str, set] = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -18,7 +17,6 @@ from django.db.models import (
     Exists,
     IntegerField,
     OuterRef,
-    Q,
     QuerySet,
     Subquery,
     Value,
@@ -26,9 +24,9 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
-from console.models import Membership, Role
-from ledger.models import Operation
+from approvals.filters import InboxFilterSet
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, Tool
+from console.models import AgentPrincipal, Membership, Role
 
 A = ApprovalStatus
 
@@ -36,30 +34,6 @@ A = ApprovalStatus
 VIEWER_ROLES = (Role.REVIEWER, Role.ADMIN)
 
 CHOICES_TTL_SECONDS = 60
-
-AGE_WINDOWS: dict[str, tuple[timedelta | None, timedelta | None]] = {
-    # key: (newer than, older than)
-    "15m": (timedelta(minutes=15), None),
-    "1h": (timedelta(hours=1), None),
-    "24h": (timedelta(hours=24), None),
-    "older": (None, timedelta(hours=24)),
-}
-
-
-@dataclass(frozen=True)
-class InboxFilters:
-    q: str = ""
-    tool: str = ""
-    tier: int | None = None
-    task_type: str = ""
-    age: str = ""
-    tenant: str = ""  # the tenant's slug
-    requested_by: int | None = None  # an agent principal's id
-
-    def is_empty(self) -> bool:
-        return not (self.q or self.tool or self.tier is not None or self.task_type or self.age
-                    or self.tenant or self.requested_by is not None)
-
 
 @dataclass
 class ReviewerScope:
@@ -129,39 +103,10 @@ def pending_in_scope(scope: ReviewerScope, *, now=None) -> QuerySet[ApprovalRequ
     )
 
 
-def apply_filters(qs: QuerySet[ApprovalRequest], filters: InboxFilters, *, now=None) -> QuerySet[ApprovalRequest]:
-    now = now or timezone.now()
-    if filters.q:
-        q = filters.q.strip()
-        qs = qs.filter(
-            Q(call_id__icontains=q) | Q(operation__operation_id__icontains=q) | Q(task__task_id__icontains=q)
-            | Q(approval_id__icontains=q)
-        )
-    # Every filter reads a column of the request itself (tool and task type are copied onto it
-    # at creation), so each one is an index on pending requests, never a join.
-    if filters.tool:
-        qs = qs.filter(tool__name=filters.tool)
-    if filters.tier is not None:
-        qs = qs.filter(risk_tier=filters.tier)
-    if filters.task_type:
-        qs = qs.filter(task_type=filters.task_type)
-    if filters.tenant:
-        qs = qs.filter(tenant__slug=filters.tenant)
-    if filters.requested_by is not None:
-        qs = qs.filter(requested_by_id=filters.requested_by)
-    if filters.age in AGE_WINDOWS:
-        newer_than, older_than = AGE_WINDOWS[filters.age]
-        if newer_than is not None:
-            qs = qs.filter(created_at__gte=now - newer_than)
-        if older_than is not None:
-            qs = qs.filter(created_at__lt=now - older_than)
-    return qs
-
-
 INBOX_ORDER = ("expires_at", "created_at", "approval_id")
 
 
-def inbox(user: AbstractBaseUser, scope: ReviewerScope, filters: InboxFilters) -> QuerySet[ApprovalRequest]:
+def inbox(user: AbstractBaseUser, scope: ReviewerScope, filters: InboxFilterSet) -> QuerySet[ApprovalRequest]:
     """Pending, unexpired requests in the user's tenants, most urgent (soonest expiry) first, as
     the page shows them (its IDs, then its rows). Higher tiers than the user may decide are
     included; the page marks them."""
@@ -169,11 +114,11 @@ def inbox(user: AbstractBaseUser, scope: ReviewerScope, filters: InboxFilters) -
         *INBOX_ORDER)
 
 
-def inbox_ids(scope: ReviewerScope, filters: InboxFilters) -> QuerySet:
+def inbox_ids(scope: ReviewerScope, filters: InboxFilterSet) -> QuerySet:
     """The inbox's order as bare IDs, for paging: OFFSET then skips index entries only, not
     joined and annotated rows (a deep page over 10,000 pending requests stays cheap)."""
     now = timezone.now()
-    return apply_filters(pending_in_scope(scope, now=now), filters, now=now).order_by(
+    return filters.apply(pending_in_scope(scope, now=now), now=now).order_by(
         *INBOX_ORDER).values_list("approval_id", flat=True)
 
 
@@ -201,8 +146,6 @@ def tier_counts(scope: ReviewerScope) -> dict[int, int]:
 def filter_choices(scope: ReviewerScope) -> dict[str, list]:
     """Every tool, the user's tenants (from the scope), their agents, and the task types that
     appear among pending requests."""
-    from console.models import AgentPrincipal
-
     tools = list(Tool.objects.order_by("name").values_list("name", flat=True))
     tenants = sorted(scope.tenants.values())
     # A DISTINCT over every pending request costs milliseconds at 10,000 pending requests
@@ -238,11 +181,38 @@ def decisions_for_operation(operation_id: str) -> list[ApprovalDecision]:
     )
 
 
-def operation_status(operation_id: str) -> Operation | None:
-    return Operation.objects.filter(operation_id=operation_id).select_related("tool").first()
-
-
 # ----------------------------------------------------------------------------- presentation
+
+
+def decorate_rows(rows, scope: ReviewerScope) -> list[ApprovalRequest]:
+    """Per-row flags for the templates: may this user decide it, and what else it needs."""
+    now = timezone.now()
+    out = []
+    for row in rows:
+        row.can_decide_tier = scope.can_decide_tier(row.tenant_id, row.risk_tier)
+        row.is_open = row.status == A.PENDING and row.expires_at > now
+        out.append(row)
+    return out
+
+
+def review_context(user: AbstractBaseUser, scope: ReviewerScope, approval: ApprovalRequest) -> dict[str, Any]:
+    """Everything the detail page's side panel (status, decision forms, earlier decisions)
+    shows; the page renders it and so does the live stream when the request moves."""
+    operation = approval.operation
+    decorate_rows([approval], scope)
+    limit = scope.max_tier.get(approval.tenant_id)
+    needs_higher = not approval.can_decide_tier
+    can_decide = approval.is_open and not needs_higher and not approval.decided_by_me
+    return {
+        "approval": approval,
+        "operation": operation,
+        "decisions": decisions_for_operation(operation.operation_id),
+        "can_decide": can_decide,
+        "needs_higher": needs_higher,
+        "reviewer_limit": limit,
+        "is_expired": approval.status == A.PENDING and approval.expires_at <= timezone.now(),
+    }
+
 
 MASK = "••••••••"
 
@@ -289,10 +259,10 @@ EXPORT_FIELDS = (
 )
 
 
-def decisions_for_export(scope: ReviewerScope, filters: InboxFilters) -> QuerySet[ApprovalDecision]:
+def decisions_for_export(scope: ReviewerScope, filters: InboxFilterSet) -> QuerySet[ApprovalDecision]:
     """Every decision on requests in the user's tenants that match the inbox's filters (any
     status; `age` is the request's age), oldest first."""
-    requests = apply_filters(ApprovalRequest.objects.filter(tenant_id__in=scope.tenant_ids), filters)
+    requests = filters.apply(ApprovalRequest.objects.filter(tenant_id__in=scope.tenant_ids))
     return (
         ApprovalDecision.objects.filter(request__in=requests.values("pk"))
         .select_related("reviewer", "request__tool", "request__tenant")
@@ -322,8 +292,6 @@ def export_row(decision: ApprovalDecision) -> dict[str, Any]:
 
 
 def notifications_for(approval_id: str) -> list:
-    from approvals.models import Notification
-
     return list(Notification.objects.filter(approval_id=approval_id).select_related("channel").order_by("id"))
 
 

@@ -26,14 +26,17 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from approvals import selectors
-from approvals.forms import ApproveForm, ArgumentsForm, InboxFilterForm, RejectForm
+from approvals.filters import InboxFilterSet
+from approvals.forms import ApproveForm, ArgumentsForm, RejectForm
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.selectors import InboxFilters, ReviewerScope
+from approvals.selectors import ReviewerScope, decorate_rows, review_context
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
 from console.lib.htmx import wants_fragment
 from ledger import decisions
 from ledger.adapters import get_adapter
+from runs.pricing import PriceBook
+from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
 
 A = ApprovalStatus
 PAGE_SIZE = 25
@@ -49,44 +52,29 @@ def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None =
     return approval
 
 
-def decorate_rows(rows, scope: ReviewerScope) -> list[ApprovalRequest]:
-    """Per-row flags for the templates: may this user decide it, and what else it needs."""
-    now = timezone.now()
-    out = []
-    for row in rows:
-        row.can_decide_tier = scope.can_decide_tier(row.tenant_id, row.risk_tier)
-        row.is_open = row.status == A.PENDING and row.expires_at > now
-        out.append(row)
-    return out
-
-
 # ----------------------------------------------------------------------------------- inbox
 
 
 @login_required
 def inbox(request: HttpRequest) -> HttpResponse:
     scope = selectors.reviewer_scope(request.user)
-    choices = selectors.filter_choices(scope)
-    form = InboxFilterForm(request.GET or None, **choices)
-    filters = form.filters()
+    filters = InboxFilterSet(request.GET or None, **selectors.filter_choices(scope))
+    active = filters.active()
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
     last_event_id = console_live.latest_event_id()
     counts = selectors.tier_counts(scope)
     paginator = Paginator(selectors.inbox_ids(scope, filters), PAGE_SIZE)
-    if filters.is_empty() or filters == InboxFilters(tier=filters.tier):
+    if set(active) <= {"tier"}:
         # The per-tier counts already say how many rows there are: no second COUNT(*).
-        paginator.count = counts.get(filters.tier, 0) if filters.tier is not None else sum(counts.values())
+        paginator.count = counts.get(active["tier"], 0) if "tier" in active else sum(counts.values())
     page = paginator.get_page(request.GET.get("page"))
     rows = decorate_rows(selectors.inbox_rows(request.user, list(page.object_list)), scope)
-
-    from approvals.live import encode_inbox_arg
-
     query = request.GET.copy()
     query.pop("page", None)
     context: dict[str, Any] = {
         "active_nav": "approvals",
-        "form": form,
+        "form": filters.form,
         "filters": filters,
         "page": page,
         # 10,000 pending requests are 400 pages: link the first, last and nearby ones only.
@@ -98,7 +86,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "max_tier": scope.highest_tier(),
         "query": query.urlencode(),
         "last_event_id": last_event_id,
-        "live_arg": encode_inbox_arg(filters, page.number),
+        "live_arg": filters.live_arg(**({"page": page.number} if page.number != 1 else {})),
     }
     template = "approvals/inbox.html#results" if wants_fragment(request) else "approvals/inbox.html"
     response = render(request, template, context)
@@ -107,25 +95,6 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 
 # ---------------------------------------------------------------------------------- detail
-
-
-def review_context(user, scope: ReviewerScope, approval: ApprovalRequest) -> dict[str, Any]:
-    """Everything the side panel (status, decision forms, earlier decisions) shows; also used
-    by the live stream to re-render it."""
-    operation = approval.operation
-    decorate_rows([approval], scope)
-    limit = scope.max_tier.get(approval.tenant_id)
-    needs_higher = not approval.can_decide_tier
-    can_decide = approval.is_open and not needs_higher and not approval.decided_by_me
-    return {
-        "approval": approval,
-        "operation": operation,
-        "decisions": selectors.decisions_for_operation(operation.operation_id),
-        "can_decide": can_decide,
-        "needs_higher": needs_higher,
-        "reviewer_limit": limit,
-        "is_expired": approval.status == A.PENDING and approval.expires_at <= timezone.now(),
-    }
 
 
 def _preview(approval: ApprovalRequest) -> dict[str, Any] | None:
@@ -178,9 +147,6 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
 def _trace_so_far(task) -> dict[str, Any]:
     """The task's spans up to now, drawn read-only by the run page's waterfall (runs/waterfall.py
     reads them; static/runs/waterfall.js draws them)."""
-    from runs.pricing import PriceBook
-    from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
-
     rows = trace_rows(task)
     summary, costs = summarize(task, rows, PriceBook.for_tenants([task.tenant_id]))
     return {"trace_spans": payload(rows, costs), "trace_summary": summary, "trace_span_count": len(rows),
@@ -335,9 +301,8 @@ def edit(request: HttpRequest, approval_id: str) -> HttpResponse:
 
 def _export_decisions(request: HttpRequest):
     scope = selectors.reviewer_scope(request.user)
-    choices = selectors.filter_choices(scope)
-    form = InboxFilterForm(request.GET or None, **choices)
-    return selectors.decisions_for_export(scope, form.filters())
+    filters = InboxFilterSet(request.GET or None, **selectors.filter_choices(scope))
+    return selectors.decisions_for_export(scope, filters)
 
 
 def _csv_cell(value: Any) -> Any:

@@ -17,10 +17,6 @@ def tenant_ids_for(user: AbstractBaseUser, *roles: str) -> set[int]:
     return set(qs.values_list("tenant_id", flat=True))
 
 
-def has_role(user: AbstractBaseUser, tenant_id: int, role: str) -> bool:
-    return user.is_authenticated and Membership.objects.filter(user=user, tenant_id=tenant_id, role=role).exists()
-
-
 def reviewer_max_tier(user: AbstractBaseUser, tenant_id: int) -> int | None:
     """The highest tier this user may approve in the tenant, or None if not a reviewer there."""
     if not user.is_authenticated or not user.is_active:

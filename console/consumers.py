@@ -25,13 +25,12 @@ import asyncio
 import bisect
 import contextlib
 import logging
-import queue
 import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -60,41 +59,50 @@ DB_THREADS = 4
 
 
 class _DbThreads:
-    """A few threads for the tail's database work. Unlike Django's sync_to_async, a thread keeps
-    its connection between calls (closed if it broke) and closes it when the pool stops."""
+    """A few threads for the tail's database work: a ThreadPoolExecutor of `n` threads. Unlike
+    Django's sync_to_async, a thread keeps its connection between calls (closed if it broke),
+    and stop() has every thread close its own connections (Django's connections belong to the
+    thread that opened them)."""
 
     def __init__(self, n: int) -> None:
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._work, name=f"live-db-{i}", daemon=True) for i in range(n)]
-        for thread in self.threads:
-            thread.start()
+        self.started = 0  # threads the executor has started (it starts them as work arrives)
+        self.lock = threading.Lock()
+        self.executor = ThreadPoolExecutor(max_workers=n, thread_name_prefix="live-db",
+                                           initializer=self._thread_started)
 
-    def _work(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                connections.close_all()
-                return
-            func, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(func())
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                future.set_exception(exc)
-            finally:
-                for conn in connections.all(initialized_only=True):
-                    if conn.errors_occurred and not conn.is_usable():
-                        conn.close()
+    def _thread_started(self) -> None:
+        with self.lock:
+            self.started += 1
+
+    @staticmethod
+    def _call(func: Callable[[], Any]) -> Any:
+        try:
+            return func()
+        finally:
+            for conn in connections.all(initialized_only=True):
+                if conn.errors_occurred and not conn.is_usable():
+                    conn.close()
 
     async def run(self, func: Callable[[], Any]) -> Any:
-        future: Future = Future()
-        self.jobs.put((func, future))
-        return await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(self.executor.submit(self._call, func))
 
     def stop(self) -> None:
-        for _ in self.threads:
-            self.jobs.put(None)
+        """Without blocking: after the work already queued, each thread closes its connections
+        and exits. One closing job per thread; each waits for the others at a barrier, so no
+        thread takes two while another takes none."""
+        with self.lock:
+            parties = self.started
+        if parties:
+            barrier = threading.Barrier(parties)
+
+            def close() -> None:
+                connections.close_all()
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait(timeout=10)
+
+            for _ in range(parties):
+                self.executor.submit(close)
+        self.executor.shutdown(wait=False)
 
 
 class Tail:

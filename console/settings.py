@@ -12,29 +12,45 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from environs import Env
+from marshmallow import ValidationError
+from marshmallow.validate import OneOf, Range
 
-from console.lib.env import (
-    env_bool,
-    env_choice,
-    env_float,
-    env_int,
-    env_list,
-    env_str,
-    env_url,
-)
+# environs reads and types each variable; a bad value raises EnvValidationError at once, naming
+# the variable, its value's problem and (through marshmallow's validators) what was expected.
+env = Env(expand_vars=False)
+
+
+@env.parser_for("csv")
+def _csv(value: str | list[str]) -> list[str]:
+    """A comma-separated list, items stripped, blanks dropped ("" is the empty list)."""
+    items = value.split(",") if isinstance(value, str) else value
+    return [item.strip() for item in items if item.strip()]
+
+
+def _schemes(*allowed: str):
+    """A validator: the value is a URL with one of these schemes."""
+
+    def validate(value: str) -> None:
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme not in allowed:
+            raise ValidationError(f"Must be a URL with a scheme among {', '.join(allowed)}.")
+
+    return validate
+
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("COUNTERSIGN_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = Path(env.str("COUNTERSIGN_VAR_DIR", str(BASE_DIR / "var")))
 
-COUNTERSIGN_ENV = env_choice("COUNTERSIGN_ENV", "embedded", ("embedded", "production"))
+COUNTERSIGN_ENV = env.str("COUNTERSIGN_ENV", "embedded", validate=OneOf(("embedded", "production")))
 EMBEDDED = COUNTERSIGN_ENV == "embedded"
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 _INSECURE_KEY = "insecure-embedded-key-do-not-use-in-production"
-SECRET_KEY = env_str("SECRET_KEY", _INSECURE_KEY)
-DEBUG = env_bool("DEBUG", EMBEDDED)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+SECRET_KEY = env.str("SECRET_KEY", _INSECURE_KEY)
+DEBUG = env.bool("DEBUG", EMBEDDED)
+ALLOWED_HOSTS = env.csv("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.csv("CSRF_TRUSTED_ORIGINS", [])
 
 if not EMBEDDED:
     if SECRET_KEY == _INSECURE_KEY or len(SECRET_KEY) < 40 or SECRET_KEY.startswith("insecure"):
@@ -95,10 +111,9 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-DATABASE_URL = env_url(
-    "DATABASE_URL",
-    f"sqlite:///{VAR_DIR / 'countersign.sqlite3'}",
-    schemes=("sqlite", "postgres", "postgresql"),
+DATABASE_URL = env.str(
+    "DATABASE_URL", f"sqlite:///{VAR_DIR / 'countersign.sqlite3'}",
+    validate=_schemes("sqlite", "postgres", "postgresql"),
 )
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 IS_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
@@ -115,7 +130,7 @@ if IS_SQLITE:
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-countersign-{os.getpid()}.sqlite3")}
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_countersign")}
+    DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", "test_countersign")}
     # DATABASE_POOL=N: psycopg's connection pool (at most N connections per process) instead of
     # a new connection, backend process and authentication per request. console.asgi turns it
     # on for the web server: under ASGI every request runs its sync code in a thread of its
@@ -123,13 +138,13 @@ else:
     # docs say to use the backend's pool under ASGI). Off elsewhere: a Celery prefork parent
     # that had opened a pool would hand its sockets and dead pool threads to every child.
     # With the pool, CONN_HEALTH_CHECKS checks a connection as it leaves the pool.
-    DATABASE_POOL = env_int("DATABASE_POOL", 0, minimum=0)
+    DATABASE_POOL = env.int("DATABASE_POOL", 0, validate=Range(min=0))
     DATABASES["default"]["OPTIONS"] = {
         # Server-side prepared statements after this many runs on a connection, for the ledger's
         # hand-written hot-path statements only (console/lib/sql.py binds them on the server;
         # the ORM binds on the client and never prepares). 0 turns it off: behind a
         # transaction-pooling PgBouncer older than 1.21, which cannot keep them.
-        "prepare_threshold": env_int("DATABASE_PREPARE_THRESHOLD", 2, minimum=0) or None,
+        "prepare_threshold": env.int("DATABASE_PREPARE_THRESHOLD", 2, validate=Range(min=0)) or None,
     }
     if DATABASE_POOL:
         DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL, "timeout": 30}
@@ -151,18 +166,18 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
+STATIC_ROOT = Path(env.str("STATIC_ROOT", str(VAR_DIR / "static")))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # The ASGI app serves static files itself (console/asgi.py) unless a web server in front does.
 # Every middleware is async-capable, so a long-poll holds no thread while it waits.
-SERVE_STATIC = env_bool("SERVE_STATIC", True)
+SERVE_STATIC = env.bool("SERVE_STATIC", True)
 
-SESSION_COOKIE_SECURE = not EMBEDDED and env_bool("SESSION_COOKIE_SECURE", True)
+SESSION_COOKIE_SECURE = not EMBEDDED and env.bool("SESSION_COOKIE_SECURE", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
 # --- Celery ---------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_url(
-    "CELERY_BROKER_URL", "filesystem://", schemes=("filesystem", "redis", "amqp", "memory")
+CELERY_BROKER_URL = env.str(
+    "CELERY_BROKER_URL", "filesystem://", validate=_schemes("filesystem", "redis", "amqp", "memory")
 )
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
@@ -173,22 +188,22 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
         # Kombu's default (1 s) lets a worker take one message a second from the folder.
-        "polling_interval": env_float("CELERY_FS_POLLING_INTERVAL", 0.1, minimum=0.01),
+        "polling_interval": env.float("CELERY_FS_POLLING_INTERVAL", 0.1, validate=Range(min=0.01)),
     }
     for _folder in ("queue", "processed", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 else:
     # Redis redelivers an unacked message after this many seconds, even to a second worker
     # while the first still runs it (celery#2599): the ledger, not the broker, decides.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 3600)}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "fast"
-CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_ROUTES = {"ledger.reconcile_operation": {"queue": "slow"}, "ledger.sweep": {"queue": "fast"}}
-SWEEP_SECONDS = env_float("SWEEP_SECONDS", 2.0, minimum=0.1)
+SWEEP_SECONDS = env.float("SWEEP_SECONDS", 2.0, validate=Range(min=0.1))
 CELERY_BEAT_SCHEDULE = {
     "ledger-sweep": {"task": "ledger.sweep", "schedule": SWEEP_SECONDS},
     # Deliveries whose broker message was lost are queued again (the table decides, not the broker).
@@ -199,22 +214,22 @@ CELERY_TIMEZONE = "UTC"
 
 # --- Dispatcher, reconciliation (the protocol's clocks) -----------------------------------
 # A dispatched operation with no recorded outcome after timeout + this grace is `unknown`.
-DISPATCH_GRACE_SECONDS = env_float("DISPATCH_GRACE_SECONDS", 10.0, minimum=0)
+DISPATCH_GRACE_SECONDS = env.float("DISPATCH_GRACE_SECONDS", 10.0, validate=Range(min=0))
 # Authorized but not dispatched for this long: the broker lost the message; enqueue again.
-REDISPATCH_AFTER_SECONDS = env_float("REDISPATCH_AFTER_SECONDS", 15.0, minimum=0.1)
+REDISPATCH_AFTER_SECONDS = env.float("REDISPATCH_AFTER_SECONDS", 15.0, validate=Range(min=0.1))
 # Unknown outcomes the provider cannot explain within this window go to a person (`manual`).
-RECONCILE_WINDOW_SECONDS = env_float("RECONCILE_WINDOW_SECONDS", 45.0, minimum=1)
-TENANT_MAX_IN_FLIGHT = env_int("TENANT_MAX_IN_FLIGHT", 16, minimum=1)
+RECONCILE_WINDOW_SECONDS = env.float("RECONCILE_WINDOW_SECONDS", 45.0, validate=Range(min=1))
+TENANT_MAX_IN_FLIGHT = env.int("TENANT_MAX_IN_FLIGHT", 16, validate=Range(min=1))
 # Retries may be at most this share of first attempts per tool over the last minute.
-RETRY_BUDGET_RATIO = env_float("RETRY_BUDGET_RATIO", 0.5, minimum=0)
-RETRY_BUDGET_MIN = env_int("RETRY_BUDGET_MIN", 20, minimum=0)
+RETRY_BUDGET_RATIO = env.float("RETRY_BUDGET_RATIO", 0.5, validate=Range(min=0))
+RETRY_BUDGET_MIN = env.int("RETRY_BUDGET_MIN", 20, validate=Range(min=0))
 # The circuit opens when this many of a tool's recent attempts failed transiently (and half).
-CIRCUIT_FAILURES = env_int("CIRCUIT_FAILURES", 8, minimum=1)
-CIRCUIT_WINDOW_SECONDS = env_float("CIRCUIT_WINDOW_SECONDS", 30.0, minimum=1)
-CIRCUIT_COOLDOWN_SECONDS = env_float("CIRCUIT_COOLDOWN_SECONDS", 5.0, minimum=0.1)
+CIRCUIT_FAILURES = env.int("CIRCUIT_FAILURES", 8, validate=Range(min=1))
+CIRCUIT_WINDOW_SECONDS = env.float("CIRCUIT_WINDOW_SECONDS", 30.0, validate=Range(min=1))
+CIRCUIT_COOLDOWN_SECONDS = env.float("CIRCUIT_COOLDOWN_SECONDS", 5.0, validate=Range(min=0.1))
 
 # --- Channels -------------------------------------------------------------------------------
-CHANNEL_LAYER_URL = env_url("CHANNEL_LAYER_URL", "memory://", schemes=("memory", "redis", "rediss"))
+CHANNEL_LAYER_URL = env.str("CHANNEL_LAYER_URL", "memory://", validate=_schemes("memory", "redis", "rediss"))
 if CHANNEL_LAYER_URL.startswith("memory://"):
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 else:
@@ -225,7 +240,7 @@ else:
         }
     }
 # Live views tail the event table; this is how often each server process looks for new rows.
-LIVE_POLL_SECONDS = env_float("LIVE_POLL_SECONDS", 0.25, minimum=0.01)
+LIVE_POLL_SECONDS = env.float("LIVE_POLL_SECONDS", 0.25, validate=Range(min=0.01))
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -247,45 +262,45 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Sandbox providers and demo -------------------------------------------------------------
-PORT = env_int("PORT", 8000, minimum=1, maximum=65532)  # the sandboxes take PORT+1..+3
-SANDBOX_PAYMENTS_URL = env_str("SANDBOX_PAYMENTS_URL", f"http://127.0.0.1:{PORT + 1}")
-SANDBOX_MAIL_URL = env_str("SANDBOX_MAIL_URL", f"http://127.0.0.1:{PORT + 2}")
-SANDBOX_MAIL_SMTP_PORT = env_int("SANDBOX_MAIL_SMTP_PORT", PORT + 3, minimum=1, maximum=65535)
-DEMO_PASSWORD = env_str("DEMO_PASSWORD", "countersign-demo")
-DEMO_AGENT_TOKEN = env_str("DEMO_AGENT_TOKEN", "demo-agent-token")
+PORT = env.int("PORT", 8000, validate=Range(min=1, max=65532))  # the sandboxes take PORT+1..+3
+SANDBOX_PAYMENTS_URL = env.str("SANDBOX_PAYMENTS_URL", f"http://127.0.0.1:{PORT + 1}")
+SANDBOX_MAIL_URL = env.str("SANDBOX_MAIL_URL", f"http://127.0.0.1:{PORT + 2}")
+SANDBOX_MAIL_SMTP_PORT = env.int("SANDBOX_MAIL_SMTP_PORT", PORT + 3, validate=Range(min=1, max=65535))
+DEMO_PASSWORD = env.str("DEMO_PASSWORD", "countersign-demo")
+DEMO_AGENT_TOKEN = env.str("DEMO_AGENT_TOKEN", "demo-agent-token")
 
 # --- OpenTelemetry --------------------------------------------------------------------------
-OTEL_ENABLED = env_bool("OTEL_ENABLED", False)
-OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "countersign")
-OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+OTEL_ENABLED = env.bool("OTEL_ENABLED", False)
+OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", "countersign")
+OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 
 # --- Email (notifications to reviewers and support staff) --------------------------------------
 # Embedded mode writes each message to a file under var/mail, so nothing leaves the machine.
-EMAIL_BACKEND = env_str(
+EMAIL_BACKEND = env.str(
     "EMAIL_BACKEND",
     "django.core.mail.backends.filebased.EmailBackend" if EMBEDDED else "django.core.mail.backends.smtp.EmailBackend",
 )
 EMAIL_FILE_PATH = str(VAR_DIR / "mail")
-EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
-EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1, maximum=65535)
-EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
-EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
-EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "countersign@localhost")
+EMAIL_HOST = env.str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", 25, validate=Range(min=1, max=65535))
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "countersign@localhost")
 
 # --- Notifications of new approval requests (webhook or email per tier, admin) ------------------
 # Absolute links in notifications point here.
-PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://127.0.0.1:{PORT}")
-NOTIFICATION_MAX_ATTEMPTS = env_int("NOTIFICATION_MAX_ATTEMPTS", 5, minimum=1)
-NOTIFICATION_BACKOFF_SECONDS = env_float("NOTIFICATION_BACKOFF_SECONDS", 2.0, minimum=0)
-NOTIFICATION_BACKOFF_CAP_SECONDS = env_float("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0, minimum=0)
-NOTIFICATION_TIMEOUT_SECONDS = env_float("NOTIFICATION_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+PUBLIC_BASE_URL = env.str("PUBLIC_BASE_URL", f"http://127.0.0.1:{PORT}")
+NOTIFICATION_MAX_ATTEMPTS = env.int("NOTIFICATION_MAX_ATTEMPTS", 5, validate=Range(min=1))
+NOTIFICATION_BACKOFF_SECONDS = env.float("NOTIFICATION_BACKOFF_SECONDS", 2.0, validate=Range(min=0))
+NOTIFICATION_BACKOFF_CAP_SECONDS = env.float("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0, validate=Range(min=0))
+NOTIFICATION_TIMEOUT_SECONDS = env.float("NOTIFICATION_TIMEOUT_SECONDS", 5.0, validate=Range(min=0.1))
 
 # Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
-METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_TOKEN = env.str("METRICS_TOKEN", "")
 
 # --- Logging --------------------------------------------------------------------------------
-LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOG_LEVEL = env.str("LOG_LEVEL", "INFO", validate=OneOf(("DEBUG", "INFO", "WARNING", "ERROR")))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,29 +1,11 @@
-"""Forms of the support console. They only parse input; the rules live in `ledger.support`."""
+"""Forms of the support console's actions. They only parse input; the rules live in
+`ledger.support`. The queue's filters are a FilterSet (ledger/filters.py)."""
 
 from __future__ import annotations
 
 from django import forms
 
-from ledger.support_selectors import QUEUE_STATUSES, QueueFilters
-
 REASON_WIDGET = forms.Textarea(attrs={"rows": 2, "required": True})
-
-
-class QueueFilterForm(forms.Form):
-    q = forms.CharField(required=False, label="Search", max_length=200, widget=forms.TextInput(
-        attrs={"type": "search", "placeholder": "Call, operation or task ID", "autocomplete": "off"}))
-    status = forms.ChoiceField(required=False, choices=[("", "Any status")] + [(s, s) for s in QUEUE_STATUSES])
-    tool = forms.ChoiceField(required=False, choices=[("", "Any tool")])
-
-    def __init__(self, *args, tools: list[str], **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["tool"].choices = [("", "Any tool")] + [(t, t) for t in tools]
-
-    def filters(self) -> QueueFilters:
-        if not self.is_bound or not self.is_valid():
-            return QueueFilters()
-        data = self.cleaned_data
-        return QueueFilters(status=data["status"] or "", tool=data["tool"] or "", q=(data["q"] or "").strip())
 
 
 class ReasonForm(forms.Form):

@@ -16,10 +16,7 @@ cells (by id), because a bare top-level <tr> would swallow the <tbody> wrappers 
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Sequence
-from urllib.parse import parse_qs, urlencode
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.template.loader import render_to_string
@@ -28,32 +25,18 @@ from console import live
 from console.lib.errors import NotFound
 from ledger import support
 from ledger import support_selectors as selectors
+from ledger.filters import QueueFilterSet
 from ledger.models import Operation
-from ledger.support_selectors import QUEUE_STATUSES, QueueFilters
+from ledger.support_context import live_detail_context
+from ledger.support_selectors import QUEUE_STATUSES
 
 QUEUE = frozenset(QUEUE_STATUSES)
 
 
-def encode_queue_arg(filters: QueueFilters, *, last_page: bool = True) -> str:
-    params = {k: v for k, v in (("status", filters.status), ("tool", filters.tool), ("q", filters.q)) if v}
-    if not last_page:
-        params["more"] = "1"
-    if not params:
-        return "all"
-    return base64.urlsafe_b64encode(urlencode(sorted(params.items())).encode()).decode().rstrip("=")
-
-
-def decode_queue_arg(arg: str) -> tuple[QueueFilters, bool]:
-    if not arg or arg == "all":
-        return QueueFilters(), True
-    try:
-        raw = base64.urlsafe_b64decode(arg + "=" * (-len(arg) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return QueueFilters(), True
-    params = {k: v[0] for k, v in parse_qs(raw).items()}
-    status = params.get("status", "")
-    return QueueFilters(status=status if status in QUEUE else "", tool=params.get("tool", ""),
-                        q=params.get("q", "")), params.get("more") != "1"
+def read_queue_arg(arg: str) -> tuple[QueueFilterSet, bool]:
+    """The page's filters (`QueueFilterSet.live_arg`), and whether it is the queue's last page."""
+    filters, data = QueueFilterSet.from_arg(arg)
+    return filters, data.get("more") != "1"
 
 
 def render_unknown(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
@@ -69,11 +52,10 @@ def render_unknown(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
             entered.add(event.entity_id)
     if not touched:
         return ""
-    filters, last_page = decode_queue_arg(arg)
+    filters, last_page = read_queue_arg(arg)
     rows = selectors.queue_rows_by_id(user, list(touched))
     matching = set(
-        selectors.apply_filters(Operation.objects.filter(operation_id__in=list(rows)), filters)
-        .values_list("operation_id", flat=True)
+        filters.apply(Operation.objects.filter(operation_id__in=list(rows))).values_list("operation_id", flat=True)
     )
     table_parts: list[str] = []
     cell_parts: list[str] = []
@@ -98,8 +80,6 @@ def render_unknown(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
 
 
 def render_operation(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
-    from ledger.views import live_detail_context
-
     if not any(e.entity_id == arg for e in events):
         return ""
     try:

@@ -335,19 +335,3 @@ def support_escalate(*, operation_id: str, user: AbstractBaseUser, assignee: str
         raise _as_resolution_conflict(operation_id, exc) from exc
     operation.refresh_from_db()
     return operation
-
-
-def support_require_compensation(*, operation_id: str, user: AbstractBaseUser, reason: str) -> Operation:
-    """unknown | manual → compensation_required. The compensating operation (its own approval
-    through the gate) is not created here yet."""
-    _operation_for_actor(operation_id, user)
-    reason = _require_reason(reason)
-    try:
-        with transaction.atomic():
-            _locked_resolvable(operation_id)
-            return services.operation_require_compensation(
-                operation_id=operation_id, actor=user_ref(user), reason=reason,
-                evidence={"by": user_ref(user)})
-    except Conflict as exc:
-        raise _as_resolution_conflict(operation_id, exc) from exc
-

@@ -13,31 +13,22 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, F, OuterRef, QuerySet, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest, Tool
 from console.access import tenant_ids_for
+from console.lib.filtersets import LiveFilterSet
 from console.models import Event
-from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Call, Operation, OperationStatus
+from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Operation, OperationStatus
 from ledger.support import PROVIDER_QUERY_ENTITY, VIEW_ROLES
 
 S = OperationStatus
 QUEUE_STATUSES = (S.UNKNOWN, S.MANUAL, S.COMPENSATION_REQUIRED)
 assert set(QUEUE_STATUSES) == set(OPERATION_NEEDS_PERSON)
 RESOLVED_STATUSES = (S.CONFIRMED, S.FAILED, S.RETRY_SAFE)
-
-
-@dataclass(frozen=True)
-class QueueFilters:
-    status: str = ""
-    tool: str = ""
-    q: str = ""
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.status or self.tool or self.q)
 
 
 def viewer_tenant_ids(user: AbstractBaseUser) -> set[int]:
@@ -62,23 +53,10 @@ def queue_base(tenant_ids: set[int]) -> QuerySet:
     )
 
 
-def apply_filters(qs: QuerySet, filters: QueueFilters) -> QuerySet:
-    if filters.status:
-        qs = qs.filter(status=filters.status)
-    if filters.tool:
-        qs = qs.filter(tool__name=filters.tool)
-    if filters.q:
-        q = filters.q.strip()
-        qs = qs.filter(
-            Q(operation_id__icontains=q) | Q(call_id__icontains=q) | Q(task__task_id__icontains=q)
-            | Q(operation_id__in=Call.objects.filter(call_id=q).values("operation_id"))
-        )
-    return qs
-
-
-def queue(user: AbstractBaseUser, filters: QueueFilters) -> QuerySet:
-    """Oldest first: the operation that has waited longest for a person is at the top."""
-    return apply_filters(queue_base(viewer_tenant_ids(user)), filters).order_by("waiting_since", "operation_id")
+def queue(user: AbstractBaseUser, filters: LiveFilterSet) -> QuerySet:
+    """Oldest first: the operation that has waited longest for a person is at the top.
+    `filters`: the page's (ledger.filters.QueueFilterSet)."""
+    return filters.apply(queue_base(viewer_tenant_ids(user))).order_by("waiting_since", "operation_id")
 
 
 def queue_rows_by_id(user: AbstractBaseUser, operation_ids: list[str]) -> dict[str, Operation]:
@@ -98,8 +76,6 @@ def status_counts(user: AbstractBaseUser) -> dict[str, int]:
 
 
 def tool_choices(user: AbstractBaseUser) -> list[str]:
-    from approvals.models import Tool
-
     return list(Tool.objects.order_by("name").values_list("name", flat=True))
 
 
@@ -175,8 +151,6 @@ def provider_answers(operation: Operation, limit: int = 10) -> list[Event]:
 
 
 def approvals_of(operation: Operation) -> list:
-    from approvals.models import ApprovalRequest
-
     return list(
         ApprovalRequest.objects.filter(operation=operation).prefetch_related("decisions__reviewer").order_by("created_at")
     )

@@ -28,8 +28,10 @@ from console.lib.htmx import wants_fragment
 from ledger import support
 from ledger import support_selectors as selectors
 from ledger.compensation import COMPENSABLE, compensation_propose
-from ledger.forms import CompensateForm, ConfirmForm, EscalateForm, QueueFilterForm, ReasonForm
+from ledger.filters import QueueFilterSet
+from ledger.forms import CompensateForm, ConfirmForm, EscalateForm, ReasonForm
 from ledger.models import Operation
+from ledger.support_context import live_detail_context
 
 PAGE_SIZE = 25
 
@@ -47,8 +49,7 @@ def _get_operation_for_user(user, operation_id: str) -> Operation:
 
 def queue_context(request: HttpRequest) -> dict[str, Any]:
     user = request.user
-    form = QueueFilterForm(request.GET or None, tools=selectors.tool_choices(user))
-    filters = form.filters()
+    filters = QueueFilterSet(request.GET or None, tools=selectors.tool_choices(user))
     # The cursor is read before the rows: an operation arriving in between is both listed and
     # sent by the stream (fragments replace by element id) rather than missed.
     last_event_id = console_live.latest_event_id()
@@ -57,11 +58,9 @@ def queue_context(request: HttpRequest) -> dict[str, Any]:
     counts = selectors.status_counts(user)
     query = request.GET.copy()
     query.pop("page", None)
-    from ledger.live import encode_queue_arg
-
     return {
         "active_nav": "unknown",
-        "form": form,
+        "form": filters.form,
         "filters": filters,
         "page": page,
         "rows": list(page.object_list),
@@ -70,7 +69,8 @@ def queue_context(request: HttpRequest) -> dict[str, Any]:
         "figures": selectors.figures(user, counts),
         "query": query.urlencode(),
         "last_event_id": last_event_id,
-        "live_arg": encode_queue_arg(filters, last_page=not page.has_next()),
+        # Only the last page receives new arrivals (the queue is oldest first).
+        "live_arg": filters.live_arg(**({"more": "1"} if page.has_next() else {})),
     }
 
 
@@ -93,26 +93,6 @@ def _task_url(task_id: str) -> str:
         return reverse("runs:detail", args=[task_id])
     except NoReverseMatch:
         return ""
-
-
-def live_detail_context(user, operation: Operation) -> dict[str, Any]:
-    """What the live stream re-renders: status, provider answers, evidence, timeline."""
-    operation.refresh_from_db()
-    answers = selectors.provider_answers(operation)
-    return {
-        "operation": operation,
-        "is_resolvable": operation.status in support.RESOLVABLE,
-        "can_act": support.can_act(user, operation.tenant_id),
-        "answers": answers,
-        "evidence": support.no_effect_evidence(operation, answers[0] if answers else None),
-        "timeline": selectors.timeline(operation),
-        "attempts": selectors.attempts(operation),
-        "assignee": selectors.assignee_of(operation),
-        "resolved_by": None if operation.status in support.RESOLVABLE else support.resolved_by(operation.operation_id),
-        # The evidence panel (re-rendered live) carries the retry and fail forms.
-        "retry_form": ReasonForm(prefix="retry"),
-        "fail_form": ReasonForm(prefix="fail"),
-    }
 
 
 def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[str, Any] | None = None,

@@ -8,7 +8,6 @@ import json
 import math
 import zlib
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -192,10 +191,6 @@ def _append(result: ParseResult, span: ParsedSpan) -> None:
         result.errors.append(f"{span.name or 'span'}: {problem}")
     else:
         result.spans.append(span)
-
-
-def ns_to_datetime(ns: int) -> datetime:
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC)
 
 
 # --- the endpoint -----------------------------------------------------------------------------

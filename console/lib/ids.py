@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import time
 
-_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+from ulid import PureRandomPolicy, ULIDGenerator
 
-
-def _base32(value: int, length: int) -> str:
-    chars = []
-    for _ in range(length):
-        value, rem = divmod(value, 32)
-        chars.append(_ALPHABET[rem])
-    return "".join(reversed(chars))
+# Fresh randomness for every ID, as a ULID's 80 random bits are meant: the library's default
+# policy instead adds one to the previous ID within a millisecond, which a forked worker (Celery
+# prefork) would repeat from its parent's state.
+_ULIDS = ULIDGenerator(policy=PureRandomPolicy())
 
 
 def new_id(prefix: str) -> str:
-    """`prefix_` + 26 characters, sortable by creation time (ULID layout)."""
-    millis = int(time.time() * 1000)
-    randomness = int.from_bytes(os.urandom(10), "big")
-    return f"{prefix}_{_base32(millis, 10)}{_base32(randomness, 16)}"
+    """`prefix_` + a ULID (26 characters, sortable by creation time) in lower case.
+
+    Existing rows hold lower-case IDs; lower-casing the canonical upper-case Crockford base32
+    keeps their order, because both alphabets sort the same way."""
+    return f"{prefix}_{str(_ULIDS.generate()).lower()}"
 
 
 def derive_operation_id(*, tenant: str, task_id: str, step_id: str, tool: str) -> str:

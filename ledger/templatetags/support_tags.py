@@ -37,8 +37,3 @@ def duration(seconds: float | int | timedelta | None) -> str:
     if m:
         return f"{m}m {s:02d}s"
     return f"{s}s"
-
-
-@register.filter
-def get_item(mapping: dict, key: str) -> Any:
-    return mapping.get(key) if isinstance(mapping, dict) else None

@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from approvals import selectors
+from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalRequest
-from approvals.selectors import InboxFilters
 from console.models import Membership, Role
 from ledger import decisions
 from tests.conftest import make_user
@@ -49,7 +49,7 @@ def test_the_inbox_holds_only_pending_unexpired_requests_soonest_expiry_first(re
     ApprovalRequest.objects.filter(pk=lapsed.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
 
     scope = selectors.reviewer_scope(reviewer)
-    rows = list(selectors.inbox(reviewer, scope, InboxFilters()))
+    rows = list(selectors.inbox(reviewer, scope, InboxFilterSet.of()))
     assert [r.approval_id for r in rows] == [sooner.approval_id, later.approval_id]
 
 
@@ -59,14 +59,14 @@ def test_the_inbox_excludes_other_tenants(reviewer, make_approval, outsider_agen
     mine = make_approval()
     make_pending_approval(outsider_agent)
     scope = selectors.reviewer_scope(reviewer)
-    assert [r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilters())] == [mine.approval_id]
+    assert [r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilterSet.of())] == [mine.approval_id]
 
 
 def test_rows_carry_the_approvals_given_and_whether_i_decided(senior, senior2, make_approval):
     l4 = make_approval(risk_tier=4)
     decisions.approval_approve(approval_id=l4.approval_id, reviewer=senior)
-    row_for_senior = selectors.inbox(senior, selectors.reviewer_scope(senior), InboxFilters()).get()
-    row_for_senior2 = selectors.inbox(senior2, selectors.reviewer_scope(senior2), InboxFilters()).get()
+    row_for_senior = selectors.inbox(senior, selectors.reviewer_scope(senior), InboxFilterSet.of()).get()
+    row_for_senior2 = selectors.inbox(senior2, selectors.reviewer_scope(senior2), InboxFilterSet.of()).get()
     assert (row_for_senior.approvals_given, row_for_senior.decided_by_me) == (1, True)
     assert (row_for_senior2.approvals_given, row_for_senior2.decided_by_me) == (1, False)
 
@@ -78,7 +78,7 @@ def test_the_age_filter_splits_new_from_old(reviewer, make_approval):
     scope = selectors.reviewer_scope(reviewer)
 
     def ids(age):
-        return {r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilters(age=age))}
+        return {r.approval_id for r in selectors.inbox(reviewer, scope, InboxFilterSet.of(age=age))}
 
     assert ids("1h") == {new.approval_id}
     assert ids("older") == {old.approval_id}
@@ -161,7 +161,7 @@ def test_the_tenant_and_requested_by_filters(policy, tenant, other_tenant, make_
     scope = selectors.reviewer_scope(user)
 
     def ids(**filters):
-        return {r.approval_id for r in selectors.inbox(user, scope, InboxFilters(**filters))}
+        return {r.approval_id for r in selectors.inbox(user, scope, InboxFilterSet.of(**filters))}
 
     assert ids() == {first.approval_id, second.approval_id, elsewhere.approval_id}
     assert ids(tenant="globex") == {elsewhere.approval_id}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from approvals.live import encode_inbox_arg, render_approval, render_inbox, render_inbox_counts
+from approvals.filters import InboxFilterSet
+from approvals.live import read_inbox_arg, render_approval, render_inbox, render_inbox_counts
 from approvals.models import ApprovalDecision, ApprovalRequest
-from approvals.selectors import InboxFilters
 from console.models import Event
 from ledger import decisions
 from ledger.models import Operation
@@ -433,9 +433,33 @@ def test_the_inbox_stream_replaces_a_decided_request_with_its_new_status(reviewe
 
 
 def test_the_inbox_stream_respects_the_pages_filters(reviewer, mine):
-    assert "afterbegin" not in render_inbox(reviewer, _events_for(mine), encode_inbox_arg(InboxFilters(tool="mail.send")))
-    assert "afterbegin" in render_inbox(reviewer, _events_for(mine), encode_inbox_arg(InboxFilters(tool="payments.refund")))
-    assert "afterbegin" not in render_inbox(reviewer, _events_for(mine), encode_inbox_arg(InboxFilters(), page=2))
+    assert "afterbegin" not in render_inbox(reviewer, _events_for(mine), InboxFilterSet.of(tool="mail.send").live_arg())
+    assert "afterbegin" in render_inbox(reviewer, _events_for(mine), InboxFilterSet.of(tool="payments.refund").live_arg())
+    assert "afterbegin" not in render_inbox(reviewer, _events_for(mine), InboxFilterSet.of().live_arg(page=2))
+
+
+def test_the_inbox_arg_round_trips_the_filters_and_page(agent):
+    values = {"q": "call 1/2", "tool": "payments.refund", "tier": 0, "task_type": "refund", "age": "1h",
+              "tenant": "acme", "requested_by": agent.pk}
+    arg = InboxFilterSet.of(**values).live_arg(page=3)
+    assert "/" not in arg and "?" not in arg and "%" not in arg
+    filters, page = read_inbox_arg(arg)
+    assert (filters.active(), page) == (values, 3)
+    assert InboxFilterSet.of().live_arg() == "all"
+
+
+def test_an_inbox_arg_that_does_not_read_is_page_one_unfiltered_and_a_bad_value_is_ignored():
+    from base64 import urlsafe_b64encode
+
+    def arg(raw: str) -> str:
+        return urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    for unreadable in ("all", "", "%%%", "//8", arg("page=x"), arg("&".join(f"f{i}=1" for i in range(2000)))):
+        filters, page = read_inbox_arg(unreadable)
+        assert (filters.active(), page) == ({}, 1)
+    # As on the page, a value that does not validate drops that filter only.
+    filters, page = read_inbox_arg(arg("tier=9&requested_by=abc&age=forever&tool=mail.send&page=0"))
+    assert (filters.active(), page) == ({"tool": "mail.send"}, 1)
 
 
 def test_the_inbox_stream_shows_nothing_of_another_tenant(reviewer, theirs):

@@ -304,3 +304,43 @@ def test_the_cursor_fragment_is_the_cursor_template_out_of_band(db):
 
     expected = render_to_string("console/_live_cursor.html", {"last_event_id": 1234, "oob": True}).strip()
     assert cursor_fragment(1234) == expected
+
+
+def test_the_tails_database_threads_are_bounded_keep_their_connection_and_close_it_at_stop():
+    import threading
+
+    from django.db import connections
+
+    from console.consumers import _DbThreads
+
+    seen: dict[str, object] = {}
+    inside = threading.Barrier(2, timeout=5)
+
+    def job():
+        # Two jobs at once: the second of two threads is started, never a third.
+        inside.wait()
+        Event.objects.exists()
+        seen.setdefault(threading.current_thread().name, connections["default"])
+        return threading.current_thread().name
+
+    def quick():
+        Event.objects.exists()
+        return connections["default"]
+
+    async def scenario():
+        import asyncio
+
+        db = _DbThreads(2)
+        names = await asyncio.gather(*(db.run(job) for _ in range(2)))
+        again = [await db.run(quick) for _ in range(6)]
+        open_before_stop = all(conn.connection is not None for conn in seen.values())
+        db.stop()
+        return names, again, db, open_before_stop
+
+    names, again, db, open_before_stop = async_to_sync(scenario)()
+    assert open_before_stop
+    assert len(set(names)) == 2 and all(n.startswith("live-db") for n in names)
+    assert {id(c) for c in again} <= {id(c) for c in seen.values()}  # kept between calls
+    for thread in list(db.executor._threads):
+        thread.join(timeout=15)
+    assert all(conn.connection is None for conn in seen.values())  # each thread closed its own

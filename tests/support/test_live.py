@@ -8,9 +8,9 @@ import pytest
 from console import live
 from console.models import Event
 from ledger import services as ledger_services
-from ledger.live import decode_queue_arg, encode_queue_arg, render_operation, render_unknown
+from ledger.filters import QueueFilterSet
+from ledger.live import read_queue_arg, render_operation, render_unknown
 from ledger.models import OperationStatus
-from ledger.support_selectors import QueueFilters
 from ledger.tasks import query_provider
 from tests.support.conftest import make_operation, make_unknown
 
@@ -60,19 +60,35 @@ def test_a_new_operation_outside_the_pages_filters_or_tenants_is_not_inserted(ag
     make_unknown(operation)
     make_unknown(theirs)
     events = events_since(cursor)
-    filtered = render_unknown(support_user, events, encode_queue_arg(QueueFilters(tool="mail.send")))
+    filtered = render_unknown(support_user, events, QueueFilterSet.of(tool="mail.send").live_arg())
     assert "<tr" not in filtered
-    not_last_page = render_unknown(support_user, events, encode_queue_arg(QueueFilters(), last_page=False))
+    not_last_page = render_unknown(support_user, events, QueueFilterSet.of().live_arg(more="1"))
     assert "<tr" not in not_last_page
     html = render_unknown(support_user, events, "all")
     assert theirs.operation_id not in html
 
 
 def test_the_queue_arg_round_trips_filters():
-    filters = QueueFilters(status="manual", tool="mail.send", q="call 1/2")
-    assert decode_queue_arg(encode_queue_arg(filters, last_page=False)) == (filters, False)
-    assert decode_queue_arg("all") == (QueueFilters(), True)
-    assert decode_queue_arg("%%%") == (QueueFilters(), True)
+    values = {"status": "manual", "tool": "mail.send", "q": "call 1/2"}
+    arg = QueueFilterSet.of(**values).live_arg(more="1")
+    assert "/" not in arg and "?" not in arg and "%" not in arg
+    filters, last_page = read_queue_arg(arg)
+    assert (filters.active(), last_page) == (values, False)
+    for unreadable in ("all", "", "%%%", "bm90IGEgcXVlcnk", "//8"):
+        filters, last_page = read_queue_arg(unreadable)
+        assert (filters.active(), last_page) == ({}, True)
+
+
+def test_a_queue_arg_with_an_invalid_value_is_no_filter_at_all():
+    # As on the page: a value that does not validate (here a status outside the queue) drops
+    # every filter rather than show a page filtered by half of them.
+    from base64 import urlsafe_b64encode
+
+    arg = urlsafe_b64encode(b"status=confirmed&tool=mail.send").decode().rstrip("=")
+    filters, _ = read_queue_arg(arg)
+    assert filters.active() == {}
+    filters, _ = read_queue_arg(urlsafe_b64encode(b"status=manual&tool=mail.send").decode().rstrip("="))
+    assert filters.active() == {"status": "manual", "tool": "mail.send"}
 
 
 def test_the_detail_stream_shows_the_providers_answer(agent, support_user, payments):

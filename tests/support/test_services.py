@@ -216,16 +216,6 @@ def test_it_refuses_to_escalate_to_someone_without_the_support_role(agent, suppo
     assert status_of(operation) == S.UNKNOWN
 
 
-@pytest.mark.django_db
-def test_it_marks_compensation_required(agent, support_user):
-    operation = make_operation(agent)
-    support.support_require_compensation(operation_id=operation.operation_id, user=support_user,
-                                         reason="refunded twice by hand; must be reversed")
-    assert status_of(operation) == S.COMPENSATION_REQUIRED
-    event = Event.objects.filter(entity="operation", entity_id=operation.operation_id).latest("id")
-    assert event.actor == "user:support"
-
-
 # ------------------------------------------------------------------------------ who may act
 
 
