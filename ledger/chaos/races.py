@@ -43,9 +43,9 @@ from ledger.chaos.world import (
 )
 from ledger.models import Attempt, Call, Event, Operation, OperationStatus
 from ledger.proposals import call_propose
-from ledger.sandbox.client import effects as provider_effects
 from runs import services as run_services
 from runs.models import Lease, Task, TaskStatus
+from sandbox.client import effects as provider_effects
 
 S = OperationStatus
 CONTENDERS = 50

@@ -45,10 +45,10 @@ from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS 
 )
 from ledger.models import Attempt, Event, Operation, OperationStatus
 from ledger.retry import backoff_bounds
-from ledger.sandbox.client import effects as provider_effects
 from ledger.tasks import dispatch_operation
 from runs import services as run_services
 from runs.models import Task, TaskStatus
+from sandbox.client import effects as provider_effects
 
 S = OperationStatus
 

@@ -24,7 +24,7 @@ from console.lib.procs import Child, http_ok, python, wait_until
 from ledger.chaos import seams
 from ledger.chaos.pgproxy import ProxyControl
 from ledger.chaos.worker import POLL_ENV, PREFIX_ENV, SKEW_ENV
-from ledger.sandbox.process import SandboxProcess
+from sandbox.process import SandboxProcess
 
 # Short clocks: a lost dispatch is re-enqueued after 2 s, a silent worker is `unknown` 2 s after
 # its 1 s tool timeout, reconciliation gives up (→ manual) after 10 s.
