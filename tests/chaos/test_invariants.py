@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.lib.transitions import record_event
-from ledger.chaos.invariants import (
+from chaos.invariants import (
     DUPLICATE,
     LOST,
     STUCK,
@@ -17,6 +16,7 @@ from ledger.chaos.invariants import (
     check_expectations,
     check_operation,
 )
+from console.lib.transitions import record_event
 from ledger.models import Attempt, Operation, OperationStatus
 from tests.factories import make_operation
 

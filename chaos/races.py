@@ -28,11 +28,10 @@ from django.utils import timezone
 
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
-from console.lib.errors import Conflict, DomainError, IntentMismatch
-from ledger.chaos import invariants
-from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.stack import ChaosStack
-from ledger.chaos.world import (
+from chaos import invariants
+from chaos.invariants import Expect, Finding
+from chaos.stack import ChaosStack
+from chaos.world import (
     NEEDS_APPROVAL,
     REFUND,
     Trial,
@@ -41,6 +40,7 @@ from ledger.chaos.world import (
     refund_arguments,
     start_task,
 )
+from console.lib.errors import Conflict, DomainError, IntentMismatch
 from ledger.models import Attempt, Call, Event, Operation, OperationStatus
 from ledger.proposals import call_propose
 from runs import services as run_services

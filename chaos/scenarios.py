@@ -23,13 +23,12 @@ from django.utils import timezone
 
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
-from console.lib.procs import wait_until
-from ledger.chaos import invariants
-from ledger.chaos.dbdrop import connection_drop
-from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
-from ledger.chaos.stack import ChaosStack
-from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
+from chaos import invariants
+from chaos.dbdrop import connection_drop
+from chaos.invariants import Expect, Finding
+from chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
+from chaos.stack import ChaosStack
+from chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
     NEEDS_APPROVAL,
     NO_IDEMPOTENCY,
     NO_RETRY,
@@ -43,6 +42,7 @@ from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS 
     propose,
     wait_status,
 )
+from console.lib.procs import wait_until
 from ledger.models import Attempt, Event, Operation, OperationStatus
 from ledger.retry import backoff_bounds
 from ledger.tasks import dispatch_operation
