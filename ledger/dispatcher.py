@@ -30,9 +30,9 @@ from console.tracing import tracer
 from ledger import decisions, services, tasks
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
-from ledger.chaos.seams import seam
 from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
 from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
+from ledger.seams import seam
 from runs.models import TASK_TERMINAL, Task
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from console.lib.procs import Child, wait_until
-from ledger.sandbox.process import SandboxProcess
+from sandbox.process import SandboxProcess
 from tests.asgi import REPO, AsgiServer, test_database_url
 
 

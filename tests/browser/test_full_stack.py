@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from console.models import Role
-from ledger.sandbox.client import effects
+from sandbox.client import effects
 from tests.conftest import AGENT_TOKEN, make_user
 from tests.stack import FullStack
 

@@ -13,7 +13,7 @@ from playwright.sync_api import Page, expect
 from console.models import Event, Role
 from ledger import services as ledger_services
 from ledger.models import Operation, OperationStatus
-from ledger.sandbox.process import SandboxProcess
+from sandbox.process import SandboxProcess
 from tests.asgi import AsgiServer
 from tests.conftest import make_user
 from tests.support.conftest import (

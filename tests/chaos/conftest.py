@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from ledger.chaos.stack import ChaosStack, database_url_for
+from chaos.stack import ChaosStack, database_url_for
 
 
 def chaos_broker_url() -> str | None:

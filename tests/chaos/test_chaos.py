@@ -2,7 +2,7 @@
 (SIGSTOP/SIGCONT) at exact points of the protocol, duplicate deliveries, provider faults and
 skewed clocks (test_chaos_clock_skew.py), races into the ledger (4, 5, 12), and database connections
 cut mid-commit (test_chaos_dbdrop.py, PostgreSQL) — each checked against the provider's own
-effect log (ledger/chaos/invariants.py)."""
+effect log (chaos/invariants.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from ledger.chaos import scenarios
-from ledger.chaos.invariants import Finding
+from chaos import scenarios
+from chaos.invariants import Finding
 from ledger.models import Attempt, Operation, OperationStatus
 
 S = OperationStatus

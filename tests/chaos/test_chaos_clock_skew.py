@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ledger.chaos import scenarios
+from chaos import scenarios
 from tests.chaos.conftest import start_stack
 from tests.chaos.test_chaos import explain
 

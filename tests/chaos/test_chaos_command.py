@@ -32,8 +32,8 @@ def test_the_command_refuses_an_unknown_scenario():
 def test_scenario_6_needs_postgresql_and_is_skipped_only_within_all():
     from django.core.management.base import CommandError
 
-    from ledger.chaos import scenarios
-    from ledger.management.commands.chaos import runnable_on
+    from chaos import scenarios
+    from console.management.commands.chaos import runnable_on
 
     every = list(scenarios.SCENARIOS.values())
     assert sorted(s.number for s in every) == list(range(1, 13))

@@ -8,8 +8,8 @@ import random
 import pytest
 from django.db import connection  # noqa: F401 - read by the skipif condition
 
-from ledger.chaos import scenarios
-from ledger.chaos.dbdrop import DROP_SEAMS, MODES
+from chaos import scenarios
+from chaos.dbdrop import DROP_SEAMS, MODES
 from ledger.models import Operation
 from tests.chaos.conftest import start_stack
 from tests.chaos.test_chaos import explain

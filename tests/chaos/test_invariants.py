@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.lib.transitions import record_event
-from console.models import Event
-from ledger.chaos.invariants import (
+from chaos.invariants import (
     DUPLICATE,
     LOST,
     STUCK,
@@ -18,6 +16,8 @@ from ledger.chaos.invariants import (
     check_expectations,
     check_operation,
 )
+from console.lib.transitions import record_event
+from console.models import Event
 from ledger.models import Attempt, Operation, OperationStatus
 from tests.factories import make_operation
 

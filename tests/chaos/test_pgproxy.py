@@ -1,4 +1,4 @@
-"""The chaos database proxy (ledger/chaos/pgproxy.py) against the real PostgreSQL: a commit cut
+"""The chaos database proxy (chaos/pgproxy.py) against the real PostgreSQL: a commit cut
 before the server sees it is rolled back, one cut after is kept though the client got an error,
 and a "restarting" proxy refuses new connections with 57P03."""
 
@@ -14,8 +14,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from chaos.pgproxy import ProxyControl
 from console.lib.procs import wait_until
-from ledger.chaos.pgproxy import ProxyControl
 
 pytestmark = [
     pytest.mark.postgres,
@@ -28,7 +28,7 @@ pytestmark = [
 @pytest.fixture
 def proxy():
     db = settings.DATABASES["default"]
-    child = subprocess.Popen([sys.executable, "-m", "ledger.chaos.pgproxy", "--upstream",
+    child = subprocess.Popen([sys.executable, "-m", "chaos.pgproxy", "--upstream",
                               f"{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}"],
                              stdout=subprocess.PIPE, text=True)
     try:

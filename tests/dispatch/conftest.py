@@ -23,8 +23,8 @@ from django.utils import timezone
 from approvals.models import Tool
 from ledger.adapters.mail import message_id_for
 from ledger.models import Attempt, Operation, OperationStatus
-from ledger.sandbox import client
-from ledger.sandbox.process import SandboxProcess
+from sandbox import client
+from sandbox.process import SandboxProcess
 from tests.factories import events_of, make_operation
 
 S = OperationStatus

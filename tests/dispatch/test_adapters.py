@@ -16,7 +16,7 @@ from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, Outcome
 from ledger.adapters.mail import message_id_for
 from ledger.models import Fact
-from ledger.sandbox import client
+from sandbox import client
 from tests.dispatch.conftest import HANG_SECONDS, refund_arguments
 
 TIMEOUT = 0.5

@@ -14,7 +14,7 @@ from ledger.adapters.base import ABSENT
 from ledger.dispatcher import run_dispatch
 from ledger.models import Fact, Operation, OperationStatus
 from ledger.reconcile import run_reconcile
-from ledger.sandbox.client import wait_for
+from sandbox.client import wait_for
 from tests.dispatch.conftest import (
     HANG_SECONDS,
     attempts_of,
@@ -64,7 +64,7 @@ def test_an_effect_the_provider_committed_is_confirmed_by_query(agent, tools, pa
 
 
 def test_a_provider_crash_after_commit_is_confirmed_once_it_is_back(agent, tools, payments_url, unique):
-    from ledger.sandbox.client import wait_healthy
+    from sandbox.client import wait_healthy
 
     operation = unknown_refund(agent, unique("fault-crash"))
     wait_healthy(payments_url)

@@ -9,11 +9,11 @@ from ledger.decisions import lease_acquire
 from ledger.dispatcher import run_dispatch
 from ledger.models import Fact, Operation
 from ledger.models import OperationStatus as S
-from ledger.sandbox.process import SandboxProcess
 from ledger.sweeper import run_sweep
 from runs.models import Task, TaskStatus
 from runs.services import task_transition
 from runs.verification import run_verification
+from sandbox.process import SandboxProcess
 from tests.factories import make_operation, make_task, record_outcome
 
 pytestmark = pytest.mark.django_db

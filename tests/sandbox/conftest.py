@@ -18,8 +18,8 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from ledger.sandbox import client  # noqa: E402
-from ledger.sandbox.process import SandboxProcess  # noqa: E402
+from sandbox import client  # noqa: E402
+from sandbox.process import SandboxProcess  # noqa: E402
 
 # Short, so the timeout faults keep the suite fast; clients time out well before it.
 HANG_SECONDS = 1.0

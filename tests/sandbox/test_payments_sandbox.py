@@ -11,8 +11,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from ledger.sandbox import client
-from ledger.sandbox.process import SandboxProcess
+from sandbox import client
+from sandbox.process import SandboxProcess
 
 Unique = Callable[[str], str]
 

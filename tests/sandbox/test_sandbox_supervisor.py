@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from ledger.sandbox import client
-from ledger.sandbox.process import SandboxProcess
+from sandbox import client
+from sandbox.process import SandboxProcess
 
 
 def is_gone(pid: int) -> bool:

@@ -16,8 +16,8 @@ from console.lib.transitions import record_event
 from console.models import AgentPrincipal, Event, Role
 from ledger import services as ledger_services
 from ledger.models import Attempt, Fact, Operation, OperationStatus
-from ledger.sandbox.process import SandboxProcess
 from ledger.support import PROVIDER_QUERY_ENTITY
+from sandbox.process import SandboxProcess
 from tests import factories
 from tests.conftest import make_user
 

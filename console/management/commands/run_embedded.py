@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from console.demo import ensure_demo_data
 from console.lib.procs import Child, http_ok, python, wait_until
-from ledger.sandbox.process import SandboxProcess
+from sandbox.process import SandboxProcess
 
 
 class Command(BaseCommand):

@@ -1,10 +1,12 @@
-"""Points in the dispatcher where the chaos harness can freeze a worker, then kill or stop it.
+"""The chaos harness's hook at the dispatcher's seams (ledger/seams.py): freeze a worker at an
+exact point of the protocol, so the harness can kill or stop it there.
 
-`seam(name, operation_id)` is a no-op unless the environment variable COUNTERSIGN_CHAOS_SEAM
-names the seam (comma-separated, or "all"): production workers never set it and pay one dict
-lookup. A chaos worker additionally needs an *arm* file for this operation in
-COUNTERSIGN_CHAOS_MARKER_DIR, so only the trial's operation blocks, and only once (a redelivered
-message passes). Taking the arm is an atomic rename, so two workers never both take it.
+`install()` puts `block_at_seam` into `ledger.seams` in this process; chaos/worker.py does so in
+every worker it starts, before Celery forks the pool. The hook returns at once unless the
+environment variable COUNTERSIGN_CHAOS_SEAM names the seam (comma-separated, or "all"), and it
+blocks only if the harness left an *arm* file for this operation in COUNTERSIGN_CHAOS_MARKER_DIR,
+so only the trial's operation blocks, and only once (a redelivered message passes). Taking the arm
+is an atomic rename, so two workers never both take it.
 
 Blocked, the worker writes `<seam>-<operation_id>` with its pid (the prefork pool child, the
 process to SIGKILL or SIGSTOP) and waits until the harness kills it or writes
@@ -17,12 +19,22 @@ import os
 import time
 from pathlib import Path
 
+from ledger import seams as ledger_seams
+from ledger.seams import SEAMS
+
 SEAM_ENV = "COUNTERSIGN_CHAOS_SEAM"
 MARKER_ENV = "COUNTERSIGN_CHAOS_MARKER_DIR"
-SEAMS = ("before_dispatch_commit", "before_provider_call", "after_provider_call")
+# A chaos worker prints this once the hook is in; the stack refuses to run trials on a worker
+# without it (a scenario that arms a seam would otherwise wait for a block that never comes).
+HOOK_INSTALLED = "chaos: seam hook installed"
 
 
-def seam(name: str, operation_id: str) -> None:
+def install() -> None:
+    """Make the dispatcher's seams block here, in this process and the children it forks."""
+    ledger_seams.install(block_at_seam)
+
+
+def block_at_seam(name: str, operation_id: str) -> None:
     enabled = os.environ.get(SEAM_ENV)
     if not enabled or (enabled != "all" and name not in enabled.split(",")):
         return

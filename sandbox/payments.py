@@ -1,6 +1,6 @@
 """Payments sandbox: refunds with the IETF Idempotency-Key draft's semantics (and Stripe's).
 
-    python -m ledger.sandbox.payments --host 127.0.0.1 --port 8001 --db var/payments.sqlite3
+    python -m sandbox.payments --host 127.0.0.1 --port 8001 --db var/payments.sqlite3
 
 - ``POST /refunds`` with ``Idempotency-Key``: missing key 400; same key in flight 409; same key,
   other payload 422; same key, same payload, completed: the first response replayed with
@@ -21,10 +21,10 @@ from decimal import Decimal, InvalidOperation
 from functools import partial
 from typing import Any
 
-from ledger.sandbox.faults import BEFORE_COMMIT, magic_fault_for_attempt, parse_magic
-from ledger.sandbox.store import Store, now_iso
-from ledger.sandbox.supervisor import add_common_arguments, bind, supervise
-from ledger.sandbox.web import (
+from sandbox.faults import BEFORE_COMMIT, magic_fault_for_attempt, parse_magic
+from sandbox.store import Store, now_iso
+from sandbox.supervisor import add_common_arguments, bind, supervise
+from sandbox.web import (
     DROP,
     Outcome,
     Reply,
@@ -282,7 +282,7 @@ def serve(sock: Any, db: str, hang_seconds: float, verbose: bool, generation: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ledger.sandbox.payments",
+        prog="python -m sandbox.payments",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -22,15 +22,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from console.lib.procs import wait_until
-from console.models import Event
-from ledger import decisions
-from ledger.chaos import invariants
-from ledger.chaos.dbdrop import connection_drop
-from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
-from ledger.chaos.stack import ChaosStack
-from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
+from chaos import invariants
+from chaos.dbdrop import connection_drop
+from chaos.invariants import Expect, Finding
+from chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
+from chaos.stack import ChaosStack
+from chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
     NEEDS_APPROVAL,
     NO_IDEMPOTENCY,
     NO_RETRY,
@@ -44,12 +41,15 @@ from ledger.chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS 
     propose,
     wait_status,
 )
+from console.lib.procs import wait_until
+from console.models import Event
+from ledger import decisions
 from ledger.models import Attempt, Operation, OperationStatus
 from ledger.retry import backoff_bounds
-from ledger.sandbox.client import effects as provider_effects
 from ledger.tasks import dispatch_operation
 from runs import services as run_services
 from runs.models import Task, TaskStatus
+from sandbox.client import effects as provider_effects
 
 S = OperationStatus
 

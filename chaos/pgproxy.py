@@ -1,6 +1,6 @@
 """A PostgreSQL wire-protocol proxy that can cut connections mid-commit (chaos scenario 6).
 
-    python -m ledger.chaos.pgproxy --upstream 127.0.0.1:5432
+    python -m chaos.pgproxy --upstream 127.0.0.1:5432
 
 The chaos stack points its workers (and its API server) at this proxy instead of the database,
 so the harness can do to their connections what a network fault or a server restart does,

@@ -1,6 +1,6 @@
 """Scenario 6: the PostgreSQL connection drops, or the server restarts, mid-commit.
 
-The workers and the API server of this stack reach PostgreSQL through ledger/chaos/pgproxy.py.
+The workers and the API server of this stack reach PostgreSQL through chaos/pgproxy.py.
 Each trial arms one rule there for one operation and one commit of the protocol:
 
 - `claim`: the dispatcher's `authorized → dispatched` transaction (it inserts the attempt);
@@ -30,11 +30,11 @@ import uuid
 
 import httpx
 
+from chaos import invariants
+from chaos.invariants import Expect, Finding
+from chaos.stack import ChaosStack
+from chaos.world import REFUND, Trial, World, order, propose, refund_arguments, start_task
 from console.lib.procs import wait_until
-from ledger.chaos import invariants
-from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.stack import ChaosStack
-from ledger.chaos.world import REFUND, Trial, World, order, propose, refund_arguments, start_task
 from ledger.models import Attempt, Call, Operation, OperationStatus
 from runs.models import Task
 

@@ -27,13 +27,10 @@ from django.db import connection
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from console.lib.errors import Conflict, DomainError, IntentMismatch
-from console.models import Event
-from ledger import decisions
-from ledger.chaos import invariants
-from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.stack import ChaosStack
-from ledger.chaos.world import (
+from chaos import invariants
+from chaos.invariants import Expect, Finding
+from chaos.stack import ChaosStack
+from chaos.world import (
     NEEDS_APPROVAL,
     REFUND,
     Trial,
@@ -42,11 +39,14 @@ from ledger.chaos.world import (
     refund_arguments,
     start_task,
 )
+from console.lib.errors import Conflict, DomainError, IntentMismatch
+from console.models import Event
+from ledger import decisions
 from ledger.models import Attempt, Call, Operation, OperationStatus
 from ledger.proposals import call_propose
-from ledger.sandbox.client import effects as provider_effects
 from runs import services as run_services
 from runs.models import Lease, Task, TaskStatus
+from sandbox.client import effects as provider_effects
 
 S = OperationStatus
 CONTENDERS = 50

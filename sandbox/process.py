@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from ledger.sandbox.client import wait_healthy
+from sandbox.client import wait_healthy
 
 Kind = Literal["payments", "mail"]
 
 # The directory that contains the ``ledger`` package: the child runs ``python -m`` from there.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -73,7 +73,7 @@ class SandboxProcess:
         cmd = [
             sys.executable,
             "-m",
-            f"ledger.sandbox.{kind}",
+            f"sandbox.{kind}",
             "--host",
             host,
             "--db",

@@ -22,9 +22,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from tqdm import tqdm
 
-from ledger.chaos import scenarios
-from ledger.chaos.invariants import Tally
-from ledger.chaos.stack import ChaosStack, database_url_for
+from chaos import scenarios
+from chaos.invariants import Tally
+from chaos.stack import ChaosStack, database_url_for
 
 
 def runnable_on(chosen: list[scenarios.Scenario], vendor: str):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.sandbox.faults import TARGETS
+from sandbox.faults import TARGETS
 
 COMMON_SCHEMA = """
 CREATE TABLE IF NOT EXISTS effects (

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from chaos import seams
+from chaos.pgproxy import ProxyControl
+from chaos.worker_env import POLL_ENV, PREFIX_ENV, SKEW_ENV
+from console.celery import app as celery_app
 from console.lib.procs import Child, http_ok, python, wait_until
-from ledger.chaos import seams
-from ledger.chaos.pgproxy import ProxyControl
-from ledger.chaos.worker import POLL_ENV, PREFIX_ENV, SKEW_ENV
-from ledger.sandbox.process import SandboxProcess
+from sandbox.process import SandboxProcess
 
 # Short clocks: a lost dispatch is re-enqueued after 2 s, a silent worker is `unknown` 2 s after
 # its 1 s tool timeout, reconciliation gives up (→ manual) after 10 s.
@@ -58,7 +59,7 @@ class ChaosStack:
     worker_skews: tuple[float, ...] = ()  # seconds per worker (scenario 9); missing = 0
     beat: bool = True
     hang_seconds: float = HANG_SECONDS
-    # Scenario 6: the workers (and the API server) reach PostgreSQL through ledger/chaos/pgproxy.py,
+    # Scenario 6: the workers (and the API server) reach PostgreSQL through chaos/pgproxy.py,
     # which the harness can tell to cut connections mid-commit. The harness itself connects directly.
     db_proxy: bool = False
     api_server: bool = False  # a uvicorn serving the agent API, for trials that go through HTTP
@@ -109,13 +110,13 @@ class ChaosStack:
         run = self.key_prefix.strip(":").split("-")[-1]
         for i in range(self.workers):
             skew = self.worker_skews[i] if i < len(self.worker_skews) else 0
-            argv = python("-m", "ledger.chaos.worker", "worker", "-Q", "fast,slow", "-P", "prefork", "-c", "1",
+            argv = python("-m", "chaos.worker", "worker", "-Q", "fast,slow", "-P", "prefork", "-c", "1",
                           "-l", "info", "-n", f"chaos{i}-{run}@%h",
                           "--without-gossip", "--without-mingle", "--without-heartbeat")
             child = Child(f"worker{i}", argv, env={**env, SKEW_ENV: str(skew)})
             self.worker_children.append(child.start(log_dir=logs))
         if self.beat:
-            self.beat_child = Child("beat", python("-m", "ledger.chaos.worker", "beat", "-l", "info",
+            self.beat_child = Child("beat", python("-m", "chaos.worker", "beat", "-l", "info",
                                                    "-s", str(self.var_dir / "celerybeat-schedule")), env=env)
             self.beat_child.start(log_dir=logs)
         if self.api_server:
@@ -129,6 +130,10 @@ class ChaosStack:
         self._point_app_at_broker()
         for child in self.worker_children:
             wait_until(lambda child=child: _log_has(child, "ready."), timeout=60, what=f"{child.name} ready")
+            # Without the hook the dispatcher's seams are no-ops: a scenario that arms one would
+            # wait for a block that never comes, so say it here, once, instead.
+            if not _log_has(child, seams.HOOK_INSTALLED):
+                raise RuntimeError(f"{child.name} did not install the chaos seam hook; see {child.log_path}")
         self._watchdog = threading.Thread(target=self._watch, name="chaos-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -136,7 +141,7 @@ class ChaosStack:
         url = urlsplit(self.database_url)
         if url.scheme not in ("postgres", "postgresql"):
             raise ValueError("the database proxy (scenario 6) needs PostgreSQL")
-        self.proxy_child = Child("pgproxy", python("-m", "ledger.chaos.pgproxy", "--upstream",
+        self.proxy_child = Child("pgproxy", python("-m", "chaos.pgproxy", "--upstream",
                                                    f"{url.hostname or '127.0.0.1'}:{url.port or 5432}"))
         self.proxy_child.start(log_dir=logs)
         wait_until(lambda: _log_has(self.proxy_child, "pgproxy ready"), timeout=30, what="the database proxy")
@@ -226,21 +231,19 @@ class ChaosStack:
         return options
 
     def _point_app_at_broker(self) -> None:
-        from console.celery import app
-
-        self._saved_broker = (app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager)
-        app.conf.broker_url = self.resolved_broker_url
-        app.conf.broker_transport_options = self._broker_options()
-        app.conf.task_always_eager = False
-        _reset_producer_pool(app)
+        conf = celery_app.conf
+        self._saved_broker = (conf.broker_url, conf.broker_transport_options, conf.task_always_eager)
+        conf.broker_url = self.resolved_broker_url
+        conf.broker_transport_options = self._broker_options()
+        conf.task_always_eager = False
+        _reset_producer_pool(celery_app)
 
     def _restore_app_broker(self) -> None:
         if self._saved_broker is None:
             return
-        from console.celery import app
-
-        app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager = self._saved_broker
-        _reset_producer_pool(app)
+        conf = celery_app.conf
+        conf.broker_url, conf.broker_transport_options, conf.task_always_eager = self._saved_broker
+        _reset_producer_pool(celery_app)
         self._saved_broker = None
 
     # -- what scenarios do to the processes ----------------------------------------------------

@@ -15,13 +15,14 @@ from django.db import transaction
 
 from approvals.defaults import REFUND_SCHEMA, ensure_policy_defaults
 from approvals.models import Tool
+from chaos.invariants import Expect, Finding
+from chaos.stack import TOOL_TIMEOUT_SECONDS
 from console.lib.ids import derive_operation_id
 from console.lib.procs import wait_until
 from console.models import AgentPrincipal, Membership, Role, Tenant
 from ledger import decisions
-from ledger.chaos.invariants import Expect, Finding
-from ledger.chaos.stack import TOOL_TIMEOUT_SECONDS
 from ledger.models import Operation, OperationStatus
+from ledger.proposals import call_propose
 from runs import services as run_services
 from runs.models import Task, TaskStatus
 
@@ -133,8 +134,6 @@ def propose(world: World, *, tool: str, order_id: str, amount: float = 25,
             before: Callable[[str], None] | None = None) -> Proposed:
     """A fresh task, leased and running, proposing one refund. `before(operation_id)` runs
     before the proposal commits its dispatch (to arm a seam for exactly this operation)."""
-    from ledger.proposals import call_propose
-
     run = start_task(world, goal=f"chaos refund {order_id}")
     operation_id = run.operation_id(world, tool)
     if before is not None:

@@ -18,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ledger.sandbox.faults import TARGETS, normalize_fault_name
-from ledger.sandbox.store import Store
+from sandbox.faults import TARGETS, normalize_fault_name
+from sandbox.store import Store
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Mail sandbox: an SMTP server (aiosmtpd) that records every accepted message, plus an HTTP side.
 
-    python -m ledger.sandbox.mail --host 127.0.0.1 --http-port 8002 --smtp-port 8025 --db var/mail.sqlite3
+    python -m sandbox.mail --host 127.0.0.1 --http-port 8002 --smtp-port 8025 --db var/mail.sqlite3
 
 Mail does not deduplicate: every accepted DATA is one effect, so a blind resend shows up as a
 duplicate. The ``Message-ID`` header is the key (compared with or without angle brackets).
@@ -32,10 +32,10 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from ledger.sandbox.faults import MagicFault, magic_fault_for_attempt, parse_magic
-from ledger.sandbox.store import Store
-from ledger.sandbox.supervisor import add_common_arguments, bind, supervise
-from ledger.sandbox.web import Outcome, Reply, Request, SandboxApp, SandboxHTTPServer, crash, error
+from sandbox.faults import MagicFault, magic_fault_for_attempt, parse_magic
+from sandbox.store import Store
+from sandbox.supervisor import add_common_arguments, bind, supervise
+from sandbox.web import Outcome, Reply, Request, SandboxApp, SandboxHTTPServer, crash, error
 
 HOSTNAME = "mail.sandbox.countersign"
 
@@ -261,7 +261,7 @@ def serve(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ledger.sandbox.mail",
+        prog="python -m sandbox.mail",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
