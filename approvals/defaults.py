@@ -1,4 +1,4 @@
-"""The default tier policy and the seeded tools (DESIGN.md), installed idempotently by the
+"""The default tier policy and the seeded tools (docs/architecture.md), installed idempotently by the
 embedded run command, the demo and the tests — never by a migration, so production starts empty."""
 
 from __future__ import annotations

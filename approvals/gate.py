@@ -1,4 +1,4 @@
-"""The policy gate (DESIGN.md "Dispatch, in this order", step 1).
+"""The policy gate: step 1 of dispatch (docs/architecture.md, "Dispatch, in this order").
 
     validate the arguments against the tool's JSON schema → authorize the principal → check the
     task's budgets → compute the risk tier (base tier, raised — never lowered — by every
@@ -68,8 +68,8 @@ class GateResult:
     approval_ttl_seconds: int = 0
     shows_preview: bool = False
     reasons: tuple[str, ...] = ()
-    # Budgets that ran out: the pipeline pauses the task (DESIGN.md: `paused` when a budget
-    # runs out). A call that merely does not fit into what is left is refused, nothing more.
+    # Budgets that ran out: the pipeline pauses the task (`paused` when a budget runs
+    # out). A call that merely does not fit into what is left is refused, nothing more.
     exhausted_budgets: tuple[str, ...] = ()
 
     @property

@@ -22,7 +22,7 @@ N client threads (httpx) POST the batches as fast as they are answered. Per targ
 latency p50/p95, *accepted* spans/s (spans ÷ time from the first send until the last answer) and
 *queryable* spans/s (spans ÷ time from the first send until all of them can be read back: for
 Countersign the rows in `runs_span`, for Phoenix the project's span count through its GraphQL
-API, polled after the last answer). DESIGN.md counts what a user can rely on: the queryable
+API, polled after the last answer). What counts is what a user can rely on: the queryable
 figure, and Countersign ÷ Phoenix on it is the ratio held against the target (≥ 2).
 
 Then the run page: a 2,000-span trace linked to one task is ingested, and `GET /runs/<task_id>/`

@@ -100,7 +100,7 @@ def _receipt_kept(operation: Operation, attempts: list[Attempt]) -> list[str]:
 
 def _propose_through_api(stack: ChaosStack, world: World, arm, mode: str) -> tuple[Trial, str]:
     """The agent proposes over HTTP and, on a 5xx or a broken connection, sends the same call
-    again, as DESIGN.md asks of agents."""
+    again, as an agent should: a repeat of a call ID is answered from the ledger."""
     run = start_task(world, goal="chaos refund through the API")
     operation_id = run.operation_id(world, REFUND)
     arm(operation_id)

@@ -1,4 +1,4 @@
-"""The agent API (/api/v1/): each app contributes its endpoints (DESIGN.md "Agent API")."""
+"""The agent API (/api/v1/): each app contributes its endpoints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Celery app. Worker processes set up tracing after fork (PITFALLS: OpenTelemetry)."""
+"""The Celery app. Worker processes set up tracing after fork (a batch span processor does not survive fork)."""
 
 from __future__ import annotations
 

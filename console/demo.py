@@ -1,4 +1,4 @@
-"""Demo identities (DESIGN.md "Demo identities"): embedded mode and tests only."""
+"""Demo identities (the README lists them): embedded mode and tests only."""
 
 from __future__ import annotations
 

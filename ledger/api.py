@@ -1,4 +1,4 @@
-"""Agent API for tool calls and operations (DESIGN.md "Agent API").
+"""Agent API for tool calls and operations (the contract clients rely on: add fields, rename none).
 
 `POST /tasks/{id}/calls` proposes a call (ledger.proposals); `GET /operations/{id}` reads the
 ledger; `GET /calls/{id}?wait=` long-polls. The long-poll is a plain async Django view, not DRF:

@@ -122,7 +122,7 @@ class Call(models.Model):
 
 
 class Fact(models.TextChoices):
-    """The four facts of a call (seed 000 §02)."""
+    """The four facts of a call (docs/architecture.md): what an attempt's outcome says about the effect."""
 
     NOT_SENT = "not_sent"
     KNOWN_FAILURE = "known_failure"

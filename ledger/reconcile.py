@@ -1,4 +1,4 @@
-"""Reconciling `unknown` outcomes with the provider (DESIGN.md step 8).
+"""Reconciling `unknown` outcomes with the provider (step 8 of dispatch in docs/architecture.md).
 
 found → confirmed; still processing → wait; provably absent *and* the old request can no longer
 land → retry_safe (same operation ID and key); cannot tell within the window → manual, a case

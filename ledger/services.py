@@ -1,6 +1,6 @@
 """Every write to operations and attempts: one function per transition.
 
-The dispatcher's protocol (DESIGN.md "Dispatch, in this order"): `operation_dispatch` commits
+The dispatcher's protocol (docs/architecture.md, "Dispatch, in this order"): `operation_dispatch` commits
 `dispatched` with a new fencing token and attempt *before* the provider is called;
 `operation_record_outcome` commits the result only while (status = dispatched, token = mine).
 """

@@ -1,4 +1,4 @@
-"""The sweeper (Celery beat, DESIGN.md step 9). The ledger, not the broker, is the source of
+"""The sweeper (Celery beat; step 9 of dispatch in docs/architecture.md). The ledger, not the broker, is the source of
 truth: Celery can duplicate and lose messages, so whatever should be moving is pushed again."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Default release gates (seed 003), installed by the embedded run command and the demo; and
+"""Default release gates, installed by the embedded run command and the demo; and
 the demo fleet's model price, so a newcomer sees cost per step at once."""
 
 from __future__ import annotations

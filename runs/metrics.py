@@ -1,4 +1,4 @@
-"""The reliability indicators of seed 000 §05, computed from the ledger, the event log and the
+"""The reliability indicators, computed from the ledger, the event log and the
 traces — never from the agent's own word.
 
 Terminal success rate, duplicate side-effect rate, automatic recovery rate, recovery time, human

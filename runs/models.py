@@ -199,7 +199,7 @@ class ModelPrice(models.Model):
 
 
 class ReleaseGate(models.Model):
-    """A release-gate threshold on one reliability indicator (seed 003): the dashboard shows a
+    """A release-gate threshold on one reliability indicator: the dashboard shows a
     pass/fail badge for each enabled gate, per task type and tier where set."""
 
     class Indicator(models.TextChoices):

@@ -1,7 +1,7 @@
 """What a tool adapter declares and returns.
 
 An adapter turns one call into one provider request and classifies the answer into the four
-facts (seed 000 §02). Its outcome keeps apart transport status, provider status, data status and
+facts (docs/architecture.md). Its outcome keeps apart transport status, provider status, data status and
 side-effect status, because "the HTTP call failed" and "the refund did not happen" are not the
 same statement.
 """

@@ -1,4 +1,4 @@
-"""The adapters classify every answer of the real providers into the four facts (seed 000 §02).
+"""The adapters classify every answer of the real providers into the four facts (docs/architecture.md).
 
 not sent: no byte left, or the provider promised no effect · known failure: the provider
 promised no effect, and the same input will not work · unknown: only a query can tell ·

@@ -1,4 +1,4 @@
-"""ledger.dispatcher.run_dispatch against the real sandbox providers (DESIGN.md steps 5–7)."""
+"""ledger.dispatcher.run_dispatch against the real sandbox providers (steps 5–7 of dispatch in docs/architecture.md)."""
 
 from __future__ import annotations
 

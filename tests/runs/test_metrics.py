@@ -26,7 +26,7 @@ def test_pass_at_k_and_pass_hat_k_follow_the_unbiased_estimators():
     assert metrics.pass_at_k(10, 0, 3) == 0.0
     assert metrics.pass_at_k(5, 1, 1) == pytest.approx(0.2)
     assert metrics.pass_hat_k(5, 4, 2) == pytest.approx(6 / 10)
-    # 95% per trial, 10 in a row (seed 000 §05): pass^k falls while pass@k rises.
+    # 95% per trial, 10 in a row: pass^k falls while pass@k rises.
     assert metrics.pass_hat_k(20, 19, 10) < 0.6 < metrics.pass_at_k(20, 19, 10)
 
 
