@@ -30,10 +30,10 @@ if _POOL_BY_DEFAULT:
 
 
 def _pool_retries_every_second() -> None:
-    """psycopg_pool tries a failed connection again after 1, 2, 4, 8… s. After a database restart
-    that left the web server without a connection for up to ~15 s while the database was long
-    back (chaos scenario 6: agents got no answer in 30 s of retries, 3 trials in 186). Once a
-    second instead, with the pool's jitter; the pool still gives up after `reconnect_timeout`."""
+    """psycopg_pool tries a failed connection again after 1, 2, 4, 8… s, so after a database
+    restart the web server could stay without a connection long after the database was back
+    (docs/reliability.md, chaos scenario 6). Once a second instead, with the pool's jitter; the
+    pool still gives up after `reconnect_timeout`."""
     from psycopg_pool.base import AttemptWithBackoff
 
     AttemptWithBackoff.DELAY_BACKOFF = 1.0
