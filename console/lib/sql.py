@@ -8,13 +8,16 @@ turn rows back into model instances with the fields' and the backend's own conve
 run on Django's connection, inside Django's transactions (`atomic`, `on_commit` and the test
 framework all see them). Only equality filters: anything richer stays with the ORM.
 
-What these helpers need of Django's undocumented internals goes through
-`console.lib.django_private`.
+The statements written by hand for one place (a claim, a lock) live in their app's `queries`
+module, named from the models with `table` and `column` and described by a `Shape`. What these
+helpers need of Django's undocumented internals goes through `console.lib.django_private`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -43,6 +46,47 @@ def columns(model: type[models.Model], alias: str = "") -> str:
 
 def width(model: type[models.Model]) -> int:
     return len(model._meta.concrete_fields)
+
+
+_BARE = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _identifier(name: str) -> str:
+    """`name` bare when it needs no quotes (lower case letters, digits, underscores), as the
+    statements written by hand spell their tables and columns; quoted otherwise. A column named
+    like a reserved word would need quotes too: tests/console/test_queries.py runs every
+    statement, so it would fail there."""
+    return name if _BARE.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+
+
+def table(model: type[models.Model]) -> str:
+    """`model`'s table, for a statement's FROM, JOIN or INTO."""
+    return _identifier(model._meta.db_table)
+
+
+def column(model: type[models.Model], name: str, alias: str = "") -> str:
+    """The column of `model`'s field `name` ("pk": the primary key), `alias.` prefixed."""
+    spelled = _identifier(_field(model, name).column)
+    return f"{alias}.{spelled}" if alias else spelled
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a statement written by hand reads and writes, declared beside it in its app's
+    `queries` module (`SHAPES`, by the statement's name). tests/console/test_queries.py checks
+    every statement against its shape and the models, and runs it once.
+
+    `tables`: the statement's table aliases and the models they name ("" for a table named
+    without an alias). `params`: per `%s` in order, the (model, field name) it is compared with
+    or written to, or None for a value that is no column (a JSON document of rows). `loads`: the
+    models whose `columns` the SELECT returns first, in this order (read back with `load`), then
+    `scalars` further values. `vendors`: the databases it runs on."""
+
+    tables: Mapping[str, type[models.Model]]
+    params: tuple[tuple[type[models.Model], str] | None, ...] = ()
+    loads: tuple[type[models.Model], ...] = ()
+    scalars: int = 0
+    vendors: frozenset[str] = frozenset({"postgresql", "sqlite"})
 
 
 @cache
