@@ -5,10 +5,10 @@ administrator edits them, yet the gate read them with four queries per proposal.
 triggers (migration 0007) give the one row of `PolicyGeneration` a new random token whenever any
 of those tables is written, by any writer (admin, shell, migration, test). A `Catalog` holds what
 was read under one token; the proposal reads the token inside its own transaction, in the
-statement that locks the task, so a revoked tool or a raised tier is seen by the next proposal
-exactly as when the rows were read directly. A token is never reused (random, not a counter), so
-a cache cannot confuse two configurations, not even across a test database's flush; no token (an
-emptied table) means nothing is cached.
+statement that locks the task (`approvals.queries.TOKEN_SUBQUERY`), so a revoked tool or a
+raised tier is seen by the next proposal exactly as when the rows were read directly. A token is
+never reused (random, not a counter), so a cache cannot confuse two configurations, not even
+across a test database's flush; no token (an emptied table) means nothing is cached.
 
 Cached instances are shared between threads: read them, never change or save them.
 """
@@ -89,9 +89,3 @@ def for_token(token: str | None) -> Catalog:
 def current() -> Catalog:
     """For callers off the proposal's path: one query for the token."""
     return for_token(PolicyGeneration.objects.filter(pk=1).values_list("token", flat=True).first())
-
-
-def token_subquery() -> str:
-    """A scalar subquery for the token, to read it in a statement the caller runs anyway."""
-    return f"(SELECT g.token FROM {PolicyGeneration._meta.db_table} g WHERE g.id = 1)"
-

@@ -10,7 +10,6 @@ not the message, decides whether there is anything to do.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
@@ -31,6 +30,8 @@ from ledger import decisions, services, tasks
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
+from ledger.queries import STILL_MINE_SQL as _STILL_MINE_SQL
+from ledger.queries import claim_sql as _claim_sql
 from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
 from ledger.seams import seam
 from runs.models import TASK_TERMINAL, Task
@@ -141,22 +142,6 @@ def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int] | None:
     return operation, circuit.open_until if circuit else None, row[-1]
 
 
-@functools.cache
-def _claim_sql(vendor: str) -> str:
-    tables = {model: model._meta.db_table for model in (Operation, Tool, Task, ToolCircuit)}
-    connection = sql.connection_for(Operation)
-    return (
-        f"SELECT {sql.columns(Operation, 'o')}, {sql.columns(Tool, 't')}, {sql.columns(Task, 'k')}, "
-        f"{sql.columns(ToolCircuit, 'c')}, "
-        f"(SELECT COUNT(*) FROM {tables[Operation]} f WHERE f.tenant_id = o.tenant_id AND f.status = %s) "
-        f"FROM {tables[Operation]} o "
-        f"JOIN {tables[Tool]} t ON t.id = o.tool_id "
-        f"JOIN {tables[Task]} k ON k.task_id = o.task_id "
-        f"LEFT JOIN {tables[ToolCircuit]} c ON c.tool_id = o.tool_id "
-        f"WHERE o.operation_id = %s{sql.for_update(connection, of='o')}"
-    )
-
-
 def _approved_request(operation: Operation) -> ApprovalRequest | None:
     return (
         ApprovalRequest.objects.select_for_update()
@@ -243,10 +228,6 @@ def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int
             outcome = adapter.execute(operation.arguments, key=operation.idempotency_key, timeout=tool.timeout_seconds)
         span.set_attribute("countersign.fact", outcome.fact)
     return outcome, int((time.monotonic() - started) * 1000)
-
-
-_STILL_MINE_SQL = (f"SELECT 1 FROM {Operation._meta.db_table} "
-                   "WHERE operation_id = %s AND status = %s AND fencing_token = %s")
 
 
 def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms: int) -> str:

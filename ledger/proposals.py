@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import cache
 from typing import Any
 
 import rfc8785
@@ -38,6 +37,8 @@ from console.models import AgentPrincipal, Event, Tenant
 from console.tracing import tracer
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
+from ledger.queries import lease_sql as _lease_sql
+from ledger.queries import task_sql as _task_sql
 from ledger.selectors import (
     operation_approval,
     operation_decision,
@@ -244,25 +245,6 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,
     sql.attach(task, "tenant", sql.load(Tenant, row, sql.width(Task), connection=connection))
     lease = sql.load(Lease, lease_row, connection=connection) if lease_row is not None else None
     return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1])
-
-
-@cache
-def _lease_sql(vendor: str) -> str:
-    connection = sql.connection_for(Lease)
-    return (f"SELECT {sql.columns(Lease, 'l')} FROM {Lease._meta.db_table} l "
-            f"JOIN {Task._meta.db_table} t ON t.task_id = l.task_id "
-            f"WHERE l.task_id = %s AND t.tenant_id = %s{sql.for_update(connection, of='l')}")
-
-
-@cache
-def _task_sql(vendor: str) -> str:
-    connection = sql.connection_for(Task)
-    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, "
-            f"(SELECT c.id FROM {Call._meta.db_table} c WHERE c.task_id = t.task_id AND c.call_id = %s), "
-            f"(SELECT o.operation_id FROM {Operation._meta.db_table} o WHERE o.operation_id = %s), "
-            f"{catalog.token_subquery()} "
-            f"FROM {Task._meta.db_table} t JOIN {Tenant._meta.db_table} n ON n.id = t.tenant_id "
-            f"WHERE t.task_id = %s AND t.tenant_id = %s{sql.for_update(connection, of='t')}")
 
 
 def _step_get_or_create(task: Task, step_id: str) -> Step:

@@ -17,6 +17,7 @@ from django.utils import timezone
 from console.models import AgentPrincipal
 from ledger.models import Call, Operation
 from runs.models import Span, Task
+from runs.queries import SPAN_INSERT
 
 
 def _link(span, key: str) -> str:
@@ -41,27 +42,6 @@ def _int_or_none(value) -> int | None:
 
 def _ns_to_us(ns: int) -> int:
     return (ns + 500) // 1000  # to the nearest microsecond, what the column holds
-
-
-# The columns `spans_ingest` writes on PostgreSQL, with their types for `jsonb_to_recordset`.
-_SPAN_COLUMNS = (
-    ("trace_id", "text"), ("span_id", "text"), ("parent_span_id", "text"), ("name", "text"), ("kind", "text"),
-    ("service_name", "text"), ("duration_ms", "float8"), ("status_code", "text"), ("status_message", "text"),
-    ("attributes", "jsonb"), ("resource", "jsonb"), ("events", "jsonb"), ("task_id", "text"), ("step_id", "text"),
-    ("operation_id", "text"), ("call_id", "text"), ("gen_ai_operation", "text"), ("gen_ai_model", "text"),
-    ("gen_ai_response_model", "text"), ("gen_ai_tool", "text"), ("input_tokens", "int"), ("output_tokens", "int"),
-)
-_PG_INSERT = (
-    "INSERT INTO runs_span (tenant_id, ingested_at, start_time, end_time, {columns}) "
-    "SELECT %s, %s, timestamptz 'epoch' + r.start_us * interval '1 microsecond', "
-    "timestamptz 'epoch' + r.end_us * interval '1 microsecond', {selected} "
-    "FROM jsonb_to_recordset(%s::jsonb) AS r(start_us bigint, end_us bigint, {typed}) "
-    "ON CONFLICT (tenant_id, trace_id, span_id) DO NOTHING"
-).format(
-    columns=", ".join(name for name, _ in _SPAN_COLUMNS),
-    selected=", ".join(f"r.{name}" for name, _ in _SPAN_COLUMNS),
-    typed=", ".join(f"{name} {kind}" for name, kind in _SPAN_COLUMNS),
-)
 
 
 def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
@@ -111,7 +91,7 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
     if connection.vendor == "postgresql":
         # One statement: atomic on its own, and committed before it returns outside a transaction.
         with connection.cursor() as cursor:
-            cursor.execute(_PG_INSERT, [principal.tenant_id, now, json.dumps(rows, separators=(",", ":"))])
+            cursor.execute(SPAN_INSERT, [principal.tenant_id, now, json.dumps(rows, separators=(",", ":"))])
         return len(rows)
     instances = []
     for r in rows:

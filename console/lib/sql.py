@@ -7,15 +7,23 @@ statement's text once per model and column set, prepare values with the fields' 
 turn rows back into model instances with the fields' and the backend's own converters. They
 run on Django's connection, inside Django's transactions (`atomic`, `on_commit` and the test
 framework all see them). Only equality filters: anything richer stays with the ORM.
+
+The statements written by hand for one place (a claim, a lock) live in their app's `queries`
+module, named from the models with `table` and `column` and described by a `Shape`. What these
+helpers need of Django's undocumented internals goes through `console.lib.django_private`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from django.db import connections, models, router
+
+from console.lib import django_private
 
 Row = tuple[Any, ...]
 
@@ -40,13 +48,53 @@ def width(model: type[models.Model]) -> int:
     return len(model._meta.concrete_fields)
 
 
+_BARE = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _identifier(name: str) -> str:
+    """`name` bare when it needs no quotes (lower case letters, digits, underscores), as the
+    statements written by hand spell their tables and columns; quoted otherwise. A column named
+    like a reserved word would need quotes too: tests/console/test_queries.py runs every
+    statement, so it would fail there."""
+    return name if _BARE.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+
+
+def table(model: type[models.Model]) -> str:
+    """`model`'s table, for a statement's FROM, JOIN or INTO."""
+    return _identifier(model._meta.db_table)
+
+
+def column(model: type[models.Model], name: str, alias: str = "") -> str:
+    """The column of `model`'s field `name` ("pk": the primary key), `alias.` prefixed."""
+    spelled = _identifier(_field(model, name).column)
+    return f"{alias}.{spelled}" if alias else spelled
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a statement written by hand reads and writes, declared beside it in its app's
+    `queries` module (`SHAPES`, by the statement's name). tests/console/test_queries.py checks
+    every statement against its shape and the models, and runs it once.
+
+    `tables`: the statement's table aliases and the models they name ("" for a table named
+    without an alias). `params`: per `%s` in order, the (model, field name) it is compared with
+    or written to, or None for a value that is no column (a JSON document of rows). `loads`: the
+    models whose `columns` the SELECT returns first, in this order (read back with `load`), then
+    `scalars` further values. `vendors`: the databases it runs on."""
+
+    tables: Mapping[str, type[models.Model]]
+    params: tuple[tuple[type[models.Model], str] | None, ...] = ()
+    loads: tuple[type[models.Model], ...] = ()
+    scalars: int = 0
+    vendors: frozenset[str] = frozenset({"postgresql", "sqlite"})
+
+
 @cache
 def _converters(model: type[models.Model], alias: str) -> tuple[tuple[int, tuple, Any], ...]:
     connection = connections[alias]
     found = []
     for index, field in enumerate(model._meta.concrete_fields):
-        col = field.get_col(model._meta.db_table)
-        convs = tuple(connection.ops.get_db_converters(col)) + tuple(col.get_db_converters(connection))
+        convs, col = django_private.db_converters(model, field, connection)
         if convs:
             found.append((index, convs, col))
     return tuple(found)
@@ -70,7 +118,7 @@ def load(model: type[models.Model], row: Sequence[Any], start: int = 0, *, conne
 
 def attach(instance: models.Model, field_name: str, related: models.Model | None) -> None:
     """What select_related does: `instance.<field_name>` is `related` without a query."""
-    instance._meta.get_field(field_name).set_cached_value(instance, related)
+    django_private.set_related(instance, instance._meta.get_field(field_name), related)
 
 
 def for_update(connection, of: str = "") -> str:
@@ -91,17 +139,14 @@ def cursor(connection):
     logging and error translation see these statements like any other. One per connection,
     kept while the connection lives (each thread has its own connection)."""
     connection.ensure_connection()
-    logged = connection.queries_logged
+    logged = django_private.queries_logged(connection)
     kept = connection.__dict__.get("_hot_path_cursor")
     if kept is not None and kept[0] is connection.connection and kept[1] == logged:
         return kept[2]
     if connection.vendor == "postgresql" and not logged:
         # Django logs a server-bound statement's text as None, so a connection whose queries
         # are logged (DEBUG, assertNumQueries) gets Django's own cursor: the log stays readable.
-        from django.db.backends.postgresql.base import ServerBindingCursor
-
-        with connection.wrap_database_errors:
-            wrapped = connection._prepare_cursor(ServerBindingCursor(connection.connection))
+        wrapped = django_private.server_binding_cursor(connection)
     else:
         wrapped = connection.cursor()
     connection.__dict__["_hot_path_cursor"] = (connection.connection, logged, wrapped)
@@ -230,7 +275,8 @@ def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], whe
     for index, (insert_model, names) in enumerate(inserts):
         cols = ", ".join(f'"{_field(insert_model, name).column}"' for name in names)
         # Typed: a parameter in a SELECT list is otherwise text, and a NULL integer fails.
-        exprs = ", ".join(f"%s::{_field(insert_model, name).cast_db_type(connection)}" for name in names)
+        exprs = ", ".join(f"%s::{django_private.cast_type(_field(insert_model, name), connection)}"
+                          for name in names)
         pk = insert_model._meta.pk.column
         parts.append(f'i{index} AS (INSERT INTO "{insert_model._meta.db_table}" ({cols}) '
                      f'SELECT {exprs} FROM moved{on_conflict} RETURNING "{pk}")')

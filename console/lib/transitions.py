@@ -12,11 +12,9 @@ from functools import cache
 from typing import Any
 
 from django.db import connections, models, router, transaction
-from django.db.models import Q
-from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from console.lib import sql
+from console.lib import django_private, sql
 from console.lib.errors import Conflict, IllegalTransition
 from console.live import ring_doorbell_on_commit
 from console.models import Event
@@ -154,11 +152,8 @@ def _update_returning(model: type[models.Model], filters: dict[str, Any], values
                       returning: list[str]) -> tuple | None:
     """`UPDATE … SET values WHERE filters RETURNING returning` (PostgreSQL and SQLite ≥ 3.35);
     the row, or None when no row matched. Filters and values are on the model's own columns."""
-    query = UpdateQuery(model)
-    query.add_update_values(values)
-    query.add_q(Q(**filters))
     using = router.db_for_write(model)
-    sql, params = query.get_compiler(using).as_sql()
+    sql, params = django_private.update_sql(model, filters=filters, values=values, using=using)
     conn = connections[using]
     columns = ", ".join(conn.ops.quote_name(model._meta.get_field(name).column) for name in returning)
     with conn.cursor() as cursor:

@@ -1,0 +1,77 @@
+"""Every use of Django's undocumented internals, in one place.
+
+The hot path's hand-written statements (`console.lib.sql`) and the compare-and-set with F()
+expressions (`console.lib.transitions`) lean on parts of Django that are not public API and may
+change in any feature release. They are used here only, checked against the Django version in
+`CHECKED_WITH` (pyproject.toml pins Django below the next feature release), and
+tests/console/test_django_private.py fails, naming what moved, when an upgrade changes them:
+
+- `BaseDatabaseWrapper._prepare_cursor`, `.wrap_database_errors`, `.queries_logged` and
+  PostgreSQL's `ServerBindingCursor`: a cursor that binds parameters on the server, so psycopg
+  prepares the hot path's statements and PostgreSQL stops parsing and planning them on every
+  call, while the ORM's own queries keep client-side binding. Still wrapped by Django
+  (execute wrappers, query logging, error translation). The gain is measured in
+  docs/benchmarks.md ("Prepared statements on PostgreSQL").
+- `Field.get_col`, `BaseDatabaseOperations.get_db_converters` and `Col.get_db_converters`: the
+  converters the ORM's compiler applies to a column, so a row read by hand loads exactly as the
+  ORM loads it.
+- `FieldCacheMixin.set_cached_value`: what `select_related` does, so a related row read in the
+  same statement needs no second query.
+- `Field.cast_db_type`: the SQL type of a typed parameter (`%s::type`), as `Cast()` writes it.
+- `UpdateQuery` (`add_update_values`, `add_q`) and its compiler's `as_sql`: an UPDATE with F()
+  expressions compiled by the ORM, to which the caller appends RETURNING (the computed values in
+  the same statement instead of a second SELECT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.sql import UpdateQuery
+
+# The Django feature release these internals were read against (pyproject.toml: Django <5.3).
+CHECKED_WITH = (5, 2)
+
+
+def queries_logged(connection) -> bool:
+    """Whether Django logs this connection's queries (DEBUG, assertNumQueries, CaptureQueriesContext)."""
+    return connection.queries_logged
+
+
+def server_binding_cursor(connection):
+    """A Django cursor wrapper (execute wrappers, query logging, error translation) around a
+    psycopg cursor that binds parameters on the server, which psycopg prepares once a statement
+    has run `prepare_threshold` times. PostgreSQL with psycopg 3 only; the connection is open."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    with connection.wrap_database_errors:
+        return connection._prepare_cursor(ServerBindingCursor(connection.connection))
+
+
+def db_converters(model: type[models.Model], field: models.Field, connection) -> tuple[tuple, Any]:
+    """The converters the ORM applies to `field`'s column of `model` read on `connection`, and
+    the column expression they are called with."""
+    col = field.get_col(model._meta.db_table)
+    return tuple(connection.ops.get_db_converters(col)) + tuple(col.get_db_converters(connection)), col
+
+
+def set_related(instance: models.Model, field: models.Field, related: models.Model | None) -> None:
+    """`instance.<field>` is `related` without a query, as after `select_related`."""
+    field.set_cached_value(instance, related)
+
+
+def cast_type(field: models.Field, connection) -> str:
+    """The SQL type `Cast()` would use for `field` on `connection`."""
+    return field.cast_db_type(connection)
+
+
+def update_sql(model: type[models.Model], *, filters: dict[str, Any], values: dict[str, Any],
+               using: str) -> tuple[str, tuple[Any, ...]]:
+    """`UPDATE … SET values WHERE filters` (F() expressions allowed) as the ORM compiles it for
+    database `using`: the text and its parameters."""
+    query = UpdateQuery(model)
+    query.add_update_values(values)
+    query.add_q(Q(**filters))
+    return query.get_compiler(using).as_sql()

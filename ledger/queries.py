@@ -1,0 +1,94 @@
+"""The ledger's statements written by hand for its hot path, named from the models' `_meta`.
+
+Built once per database vendor (`functools.cache`) or at import, so each text is the same on
+every call and psycopg prepares it on PostgreSQL. Each statement's `Shape` (what it reads, by
+model and field) is in `SHAPES`, by name; tests/console/test_queries.py checks every statement
+against it and runs it once.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from approvals import queries as approval_queries
+from approvals.models import PolicyGeneration, Tool
+from console.lib import sql
+from console.models import Tenant
+from ledger.models import Call, Operation, ToolCircuit
+from runs.models import Lease, Task
+
+_col = sql.column
+
+
+@cache
+def claim_sql(vendor: str) -> str:
+    """The dispatcher's claim: the operation locked, with its tool, its task, the tool's circuit
+    breaker verdict (or NULLs) and the count of the tenant's operations in a status (dispatched).
+    Parameters: that status, the operation id."""
+    connection = sql.connection_for(Operation)
+    operations = sql.table(Operation)
+    return (
+        f"SELECT {sql.columns(Operation, 'o')}, {sql.columns(Tool, 't')}, {sql.columns(Task, 'k')}, "
+        f"{sql.columns(ToolCircuit, 'c')}, "
+        f"(SELECT COUNT(*) FROM {operations} f "
+        f"WHERE {_col(Operation, 'tenant', 'f')} = {_col(Operation, 'tenant', 'o')} "
+        f"AND {_col(Operation, 'status', 'f')} = %s) "
+        f"FROM {operations} o "
+        f"JOIN {sql.table(Tool)} t ON {_col(Tool, 'pk', 't')} = {_col(Operation, 'tool', 'o')} "
+        f"JOIN {sql.table(Task)} k ON {_col(Task, 'pk', 'k')} = {_col(Operation, 'task', 'o')} "
+        f"LEFT JOIN {sql.table(ToolCircuit)} c ON {_col(ToolCircuit, 'tool', 'c')} = {_col(Operation, 'tool', 'o')} "
+        f"WHERE {_col(Operation, 'pk', 'o')} = %s{sql.for_update(connection, of='o')}"
+    )
+
+
+# The dispatcher's check, just before the provider call, that the claim is still its own.
+# Parameters: the operation id, the status (dispatched), the claim's fencing token.
+STILL_MINE_SQL = (f"SELECT 1 FROM {sql.table(Operation)} "
+                  f"WHERE {_col(Operation, 'pk')} = %s AND {_col(Operation, 'status')} = %s "
+                  f"AND {_col(Operation, 'fencing_token')} = %s")
+
+
+@cache
+def lease_sql(vendor: str) -> str:
+    """The proposal's first lock: the task's lease, if the task is the tenant's.
+    Parameters: the task id, the tenant id."""
+    connection = sql.connection_for(Lease)
+    return (f"SELECT {sql.columns(Lease, 'l')} FROM {sql.table(Lease)} l "
+            f"JOIN {sql.table(Task)} t ON {_col(Task, 'pk', 't')} = {_col(Lease, 'task', 'l')} "
+            f"WHERE {_col(Lease, 'task', 'l')} = %s AND {_col(Task, 'tenant', 't')} = %s"
+            f"{sql.for_update(connection, of='l')}")
+
+
+@cache
+def task_sql(vendor: str) -> str:
+    """The proposal's second lock: the task with its tenant, whether the call and the operation
+    are in the ledger already (their ids or NULL), and the configuration generation's token.
+    Parameters: the call id, the operation id, the task id, the tenant id."""
+    connection = sql.connection_for(Task)
+    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, "
+            f"(SELECT {_col(Call, 'pk', 'c')} FROM {sql.table(Call)} c "
+            f"WHERE {_col(Call, 'task', 'c')} = {_col(Task, 'pk', 't')} AND {_col(Call, 'call_id', 'c')} = %s), "
+            f"(SELECT {_col(Operation, 'pk', 'o')} FROM {sql.table(Operation)} o "
+            f"WHERE {_col(Operation, 'pk', 'o')} = %s), "
+            f"{approval_queries.TOKEN_SUBQUERY} "
+            f"FROM {sql.table(Task)} t "
+            f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(Task, 'tenant', 't')} "
+            f"WHERE {_col(Task, 'pk', 't')} = %s AND {_col(Task, 'tenant', 't')} = %s"
+            f"{sql.for_update(connection, of='t')}")
+
+
+SHAPES = {
+    "claim_sql": sql.Shape(
+        tables={"o": Operation, "f": Operation, "t": Tool, "k": Task, "c": ToolCircuit},
+        params=((Operation, "status"), (Operation, "operation_id")),
+        loads=(Operation, Tool, Task, ToolCircuit), scalars=1),
+    "STILL_MINE_SQL": sql.Shape(
+        tables={"": Operation},
+        params=((Operation, "operation_id"), (Operation, "status"), (Operation, "fencing_token")), scalars=1),
+    "lease_sql": sql.Shape(
+        tables={"l": Lease, "t": Task}, params=((Lease, "task"), (Task, "tenant")), loads=(Lease,)),
+    "task_sql": sql.Shape(
+        tables={"t": Task, "n": Tenant, "c": Call, "o": Operation, "g": PolicyGeneration},
+        params=((Call, "call_id"), (Operation, "operation_id"), (Task, "task_id"), (Task, "tenant")),
+        loads=(Task, Tenant), scalars=3),
+}

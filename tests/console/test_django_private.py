@@ -1,0 +1,116 @@
+"""console.lib.django_private: the Django internals it uses are still there, with the same shape.
+
+A failure here after a Django upgrade means: read console/lib/django_private.py against the new
+release's source, adapt it (or drop the private use), then move CHECKED_WITH and the pin in
+pyproject.toml together.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+from pathlib import Path
+
+import django
+import pytest
+from django.db import connection, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.operations import BaseDatabaseOperations
+from django.db.models import F
+from django.db.models.expressions import Col
+from django.db.models.fields.mixins import FieldCacheMixin
+from django.db.models.sql import Query, UpdateQuery
+from django.utils.functional import cached_property
+from packaging.requirements import Requirement
+
+from console.lib import django_private, sql
+from ledger.models import Operation
+from tests.factories import make_operation
+
+ROOT = Path(__file__).resolve().parents[2]
+UPGRADE = "re-read console/lib/django_private.py against this Django release before changing CHECKED_WITH"
+
+
+def parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def test_the_installed_django_is_the_release_the_private_apis_were_checked_against():
+    assert django.VERSION[:2] == django_private.CHECKED_WITH, (
+        f"Django {django.get_version()} is installed; console.lib.django_private was checked with "
+        f"{'.'.join(map(str, django_private.CHECKED_WITH))}: {UPGRADE}")
+
+
+def test_pyproject_pins_django_below_the_next_feature_release():
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    [pin] = [Requirement(dep) for dep in dependencies if Requirement(dep).name.lower() == "django"]
+    major, minor = django_private.CHECKED_WITH
+    assert f"{major}.{minor}.99" in pin.specifier, f"pyproject.toml's {pin} excludes the checked release"
+    assert f"{major}.{minor + 1}" not in pin.specifier and f"{major + 1}.0" not in pin.specifier, (
+        f"pyproject.toml's {pin} lets pip install a Django release whose internals nobody checked: {UPGRADE}")
+
+
+def test_the_cursor_internals_are_there():
+    assert parameters(BaseDatabaseWrapper._prepare_cursor) == ["self", "cursor"], UPGRADE
+    assert isinstance(inspect.getattr_static(BaseDatabaseWrapper, "queries_logged"), property), UPGRADE
+    assert isinstance(inspect.getattr_static(BaseDatabaseWrapper, "wrap_database_errors"), cached_property), UPGRADE
+
+
+def test_postgresqls_server_binding_cursor_is_there():
+    import psycopg
+    from django.db.backends.postgresql import base
+
+    assert issubclass(base.ServerBindingCursor, psycopg.Cursor), UPGRADE
+    assert not issubclass(base.ServerBindingCursor, psycopg.ClientCursor), UPGRADE
+    assert issubclass(base.ServerBindingCursor, base.CursorMixin), UPGRADE
+
+
+def test_the_converter_and_field_internals_are_there():
+    assert parameters(models.Field.get_col) == ["self", "alias", "output_field"], UPGRADE
+    assert parameters(BaseDatabaseOperations.get_db_converters) == ["self", "expression"], UPGRADE
+    assert parameters(Col.get_db_converters) == ["self", "connection"], UPGRADE
+    assert parameters(FieldCacheMixin.set_cached_value) == ["self", "instance", "value"], UPGRADE
+    assert issubclass(models.ForeignKey, FieldCacheMixin), UPGRADE
+    assert parameters(models.Field.cast_db_type) == ["self", "connection"], UPGRADE
+
+
+def test_the_update_query_internals_are_there():
+    assert issubclass(UpdateQuery, Query), UPGRADE
+    assert parameters(Query.__init__)[:2] == ["self", "model"], UPGRADE  # UpdateQuery(model)
+    assert parameters(UpdateQuery.add_update_values) == ["self", "values"], UPGRADE
+    assert parameters(Query.add_q)[:2] == ["self", "q_object"], UPGRADE
+    assert parameters(Query.get_compiler)[:3] == ["self", "using", "connection"], UPGRADE
+
+
+def test_converters_and_the_related_cache_do_what_the_orm_does(agent):
+    operation = make_operation(agent)
+    field = Operation._meta.get_field("receipt")
+    convs, col = django_private.db_converters(Operation, field, connection)
+    assert col.target is field and convs  # JSON is decoded by a converter on every backend
+    loaded = Operation.objects.only("pk").get(pk=operation.pk)
+    django_private.set_related(loaded, Operation._meta.get_field("tool"), operation.tool)
+    assert loaded.tool is operation.tool  # no query: the cache select_related fills
+
+
+def test_the_update_compiles_f_expressions_and_runs_with_returning(agent):
+    operation = make_operation(agent)
+    text, params = django_private.update_sql(Operation, filters={"pk": operation.pk, "status": operation.status},
+                                             values={"attempt_count": F("attempt_count") + 2}, using="default")
+    assert text.startswith("UPDATE ")
+    with connection.cursor() as cursor:
+        cursor.execute(f"{text} RETURNING {connection.ops.quote_name('attempt_count')}", params)
+        assert cursor.fetchone() == (operation.attempt_count + 2,)
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="server-side binding is PostgreSQL's")
+def test_on_postgresql_the_hot_path_cursor_binds_on_the_server(db):
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    assert not django_private.queries_logged(connection)
+    wrapped = django_private.server_binding_cursor(connection)
+    assert type(wrapped.cursor) is ServerBindingCursor
+    assert sql.cursor(connection).cursor.__class__ is ServerBindingCursor
+    wrapped.execute("SELECT %s::int", [41])
+    assert wrapped.fetchone() == (41,)
