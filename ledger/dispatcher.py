@@ -1,4 +1,4 @@
-"""The dispatcher: DESIGN.md "Dispatch, in this order", steps 5–7.
+"""The dispatcher: steps 5–7 of dispatch (docs/architecture.md, "Dispatch, in this order").
 
     re-read → re-validate → consume the approval, authorized → dispatched with a new fencing
     token and attempt (COMMIT) → call the provider with the operation's key and a timeout

@@ -1,6 +1,6 @@
 """The proposal pipeline: an agent proposes a tool call; the ledger answers once and for all.
 
-DESIGN.md "Dispatch, in this order", steps 1–3, in one transaction with the task row locked:
+Steps 1–3 of dispatch (docs/architecture.md), in one transaction with the task row locked:
 
 1. A repeat (same task, same call ID) is answered from the ledger before any version or token
    check — an agent retrying with a stale version still gets its operation. Same call ID with
@@ -358,7 +358,7 @@ def _key_part(value: Any) -> str:
 
 
 def _idempotency_key(tool: Tool, task: Task, arguments: dict[str, Any], operation_id: str) -> str:
-    """The operation ID, unless the tool defines a business key template (seed 003:
+    """The operation ID, unless the tool defines a business key template (e.g.
     `{tenant}:{order_id}:refund:{amount}`); placeholders are the tenant's slug and arguments."""
     if not tool.idempotency_key_template:
         return operation_id

@@ -51,7 +51,7 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
 
     On PostgreSQL the batch is one `INSERT … SELECT FROM jsonb_to_recordset(…) ON CONFLICT DO
     NOTHING` with the rows as one JSON parameter: no model instances, and no per-element escaping
-    of the array parameters that `bulk_create` sends (most of the ingest CPU before)."""
+    of the array parameters that `bulk_create` sends, which would dominate the ingest's CPU."""
     if not spans:
         return 0
     rows = []

@@ -1,7 +1,7 @@
 """Hand-written statements for the ledger's hot path, on PostgreSQL and SQLite alike.
 
 The ORM compiles every query anew (joins, filters, column lists, converters): on the proposal →
-dispatch → receipt path that was most of the CPU a lifecycle cost. These helpers build each
+dispatch → receipt path that compilation dominates the CPU a lifecycle costs (docs/benchmarks.md). These helpers build each
 statement's text once per model and column set, prepare values with the fields' own
 `get_db_prep_save` (so JSON, dates and decimals are stored exactly as the ORM stores them), and
 turn rows back into model instances with the fields' and the backend's own converters. They
