@@ -7,15 +7,13 @@ from django.db import transaction
 
 from approvals.models import EscalationRule, PolicyTier, Tool
 
-R = PolicyTier.Requirement
-
 DEFAULT_TIERS = [
     # level, requirement, preview, description
-    (0, R.RUN, False, "Runs at once."),
-    (1, R.RUN_AUDIT, False, "Runs at once; audited."),
-    (2, R.ONE_APPROVAL, True, "One approval; the reviewer sees a preview."),
-    (3, R.ONE_APPROVAL, False, "One approval."),
-    (4, R.TWO_APPROVALS, False, "Two distinct approvers."),
+    (0, PolicyTier.Requirement.RUN, False, "Runs at once."),
+    (1, PolicyTier.Requirement.RUN_AUDIT, False, "Runs at once; audited."),
+    (2, PolicyTier.Requirement.ONE_APPROVAL, True, "One approval; the reviewer sees a preview."),
+    (3, PolicyTier.Requirement.ONE_APPROVAL, False, "One approval."),
+    (4, PolicyTier.Requirement.TWO_APPROVALS, False, "Two distinct approvers."),
 ]
 
 REFUND_SCHEMA = {

@@ -37,13 +37,12 @@ class Decision(models.TextChoices):
     REFUSED = "refused"
 
 
-R = PolicyTier.Requirement
 _DECISION_BY_REQUIREMENT = {
-    R.RUN: Decision.DISPATCHED,
-    R.RUN_AUDIT: Decision.DISPATCHED,
-    R.ONE_APPROVAL: Decision.AWAITING_APPROVAL,
-    R.TWO_APPROVALS: Decision.AWAITING_APPROVAL,
-    R.FORBIDDEN: Decision.REFUSED,
+    PolicyTier.Requirement.RUN: Decision.DISPATCHED,
+    PolicyTier.Requirement.RUN_AUDIT: Decision.DISPATCHED,
+    PolicyTier.Requirement.ONE_APPROVAL: Decision.AWAITING_APPROVAL,
+    PolicyTier.Requirement.TWO_APPROVALS: Decision.AWAITING_APPROVAL,
+    PolicyTier.Requirement.FORBIDDEN: Decision.REFUSED,
 }
 
 # Task constraints the gate enforces, with the JSON types they must have (also checked when a
@@ -272,22 +271,21 @@ def rule_matches(rule: EscalationRule, arguments: dict[str, Any]) -> tuple[bool,
         return False, actual
     expected = rule.value
     op = rule.comparison
-    C = EscalationRule.Comparison
     try:
-        if op in (C.GT, C.GTE, C.LT, C.LTE):
+        if op in (EscalationRule.Comparison.GT, EscalationRule.Comparison.GTE, EscalationRule.Comparison.LT, EscalationRule.Comparison.LTE):
             # Order only numbers with numbers and strings with strings; anything else is no match.
             if not ((_is_number(actual) and _is_number(expected))
                     or (isinstance(actual, str) and isinstance(expected, str))):
                 return False, actual
-            matched = {C.GT: actual > expected, C.GTE: actual >= expected,
-                       C.LT: actual < expected, C.LTE: actual <= expected}[op]
-        elif op == C.EQ:
+            matched = {EscalationRule.Comparison.GT: actual > expected, EscalationRule.Comparison.GTE: actual >= expected,
+                       EscalationRule.Comparison.LT: actual < expected, EscalationRule.Comparison.LTE: actual <= expected}[op]
+        elif op == EscalationRule.Comparison.EQ:
             matched = actual == expected
-        elif op == C.NE:
+        elif op == EscalationRule.Comparison.NE:
             matched = actual != expected
-        elif op == C.IN:
+        elif op == EscalationRule.Comparison.IN:
             matched = isinstance(expected, list | str) and actual in expected
-        elif op == C.CONTAINS:
+        elif op == EscalationRule.Comparison.CONTAINS:
             matched = isinstance(actual, list | str | dict) and expected in actual
         else:
             matched = False
@@ -326,5 +324,5 @@ def risk_tier(*, tool: Tool, task: Task | None, arguments: dict[str, Any],
 
 
 def _lowest_approval_tier(catalog: Catalog) -> int | None:
-    levels = [level for level, tier in catalog.tiers().items() if tier.requirement in (R.ONE_APPROVAL, R.TWO_APPROVALS)]
+    levels = [level for level, tier in catalog.tiers().items() if tier.requirement in (PolicyTier.Requirement.ONE_APPROVAL, PolicyTier.Requirement.TWO_APPROVALS)]
     return min(levels, default=None)

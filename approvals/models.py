@@ -115,17 +115,15 @@ class ApprovalStatus(models.TextChoices):
     CONSUMED = "consumed"
 
 
-A = ApprovalStatus
-
 APPROVAL_TRANSITIONS: dict[str, frozenset[str]] = {
-    A.PENDING: frozenset({A.APPROVED, A.REJECTED, A.EXPIRED, A.SUPERSEDED, A.INVALIDATED}),
+    ApprovalStatus.PENDING: frozenset({ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED, ApprovalStatus.SUPERSEDED, ApprovalStatus.INVALIDATED}),
     # Approved but not yet dispatched: the dispatcher's re-check consumes it or finds it stale.
-    A.APPROVED: frozenset({A.CONSUMED, A.EXPIRED, A.INVALIDATED}),
-    A.REJECTED: frozenset(),
-    A.EXPIRED: frozenset(),
-    A.SUPERSEDED: frozenset(),
-    A.INVALIDATED: frozenset(),
-    A.CONSUMED: frozenset(),
+    ApprovalStatus.APPROVED: frozenset({ApprovalStatus.CONSUMED, ApprovalStatus.EXPIRED, ApprovalStatus.INVALIDATED}),
+    ApprovalStatus.REJECTED: frozenset(),
+    ApprovalStatus.EXPIRED: frozenset(),
+    ApprovalStatus.SUPERSEDED: frozenset(),
+    ApprovalStatus.INVALIDATED: frozenset(),
+    ApprovalStatus.CONSUMED: frozenset(),
 }
 
 
@@ -153,7 +151,7 @@ class ApprovalRequest(models.Model):
     risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
     escalation_reasons = models.JSONField(default=list, blank=True)
     approvals_needed = models.PositiveSmallIntegerField(default=1)
-    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=A.PENDING)
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField(default=timezone.now)
     decided_at = models.DateTimeField(null=True, blank=True)

@@ -28,8 +28,6 @@ from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, Tool
 from console.models import AgentPrincipal, Membership, Role
 
-A = ApprovalStatus
-
 # Who may look at approval requests (and open the live streams about them).
 VIEWER_ROLES = (Role.REVIEWER, Role.ADMIN)
 
@@ -99,7 +97,7 @@ def _as_rows(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySet[
 def pending_in_scope(scope: ReviewerScope, *, now=None) -> QuerySet[ApprovalRequest]:
     now = now or timezone.now()
     return ApprovalRequest.objects.filter(
-        tenant_id__in=scope.tenant_ids, status=A.PENDING, expires_at__gt=now
+        tenant_id__in=scope.tenant_ids, status=ApprovalStatus.PENDING, expires_at__gt=now
     )
 
 
@@ -190,7 +188,7 @@ def decorate_rows(rows, scope: ReviewerScope) -> list[ApprovalRequest]:
     out = []
     for row in rows:
         row.can_decide_tier = scope.can_decide_tier(row.tenant_id, row.risk_tier)
-        row.is_open = row.status == A.PENDING and row.expires_at > now
+        row.is_open = row.status == ApprovalStatus.PENDING and row.expires_at > now
         out.append(row)
     return out
 
@@ -210,7 +208,7 @@ def review_context(user: AbstractBaseUser, scope: ReviewerScope, approval: Appro
         "can_decide": can_decide,
         "needs_higher": needs_higher,
         "reviewer_limit": limit,
-        "is_expired": approval.status == A.PENDING and approval.expires_at <= timezone.now(),
+        "is_expired": approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now(),
     }
 
 

@@ -38,7 +38,6 @@ from ledger.adapters import get_adapter
 from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
 
-A = ApprovalStatus
 PAGE_SIZE = 25
 
 
@@ -165,12 +164,12 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
 
 def _conflict_message(approval: ApprovalRequest, exc: DomainError) -> str:
     """"Already approved by senior at 12:03" rather than a bare status."""
-    if approval.status == A.PENDING:
+    if approval.status == ApprovalStatus.PENDING:
         if approval.expires_at <= timezone.now():
             return "This request has expired; it can no longer be decided."
         return exc.message
     decisions = [d for d in selectors.decisions_for_operation(approval.operation_id) if d.request_id == approval.pk]
-    verdict = {A.APPROVED: "approve", A.REJECTED: "reject"}.get(approval.status)
+    verdict = {ApprovalStatus.APPROVED: "approve", ApprovalStatus.REJECTED: "reject"}.get(approval.status)
     names = [d.reviewer.get_username() for d in decisions if d.verdict == verdict]
     when = timezone.localtime(approval.decided_at).strftime("%H:%M:%S") if approval.decided_at else ""
     if names:

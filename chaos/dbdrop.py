@@ -38,7 +38,6 @@ from console.lib.procs import wait_until
 from ledger.models import Attempt, Call, Operation, OperationStatus
 from runs.models import Task
 
-S = OperationStatus
 DROP_SEAMS = ("claim", "receipt", "reconcile", "proposal")
 MODES = ("reply", "before")  # commit applied and the answer lost / commit never reached the server
 AGENT_RETRY_SECONDS = 30.0
@@ -76,7 +75,7 @@ def connection_drop(stack: ChaosStack, world: World, rng: random.Random, index: 
         # A committed claim whose worker died before the provider: unknown → retry-safe → attempt 2.
         attempts = 2 if (seam, mode) == ("claim", "reply") else 1
         extra = _receipt_kept if (seam, mode) == ("receipt", "reply") else None
-        trial = Trial({operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=attempts, extra=extra)})
+        trial = Trial({operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=attempts, extra=extra)})
     _expect_fired(stack, rule, operation_id, trial)
     return trial
 
@@ -108,7 +107,7 @@ def _propose_through_api(stack: ChaosStack, world: World, arm, mode: str) -> tup
             "arguments": refund_arguments(order()), "expected_version": run.version,
             "fencing_token": run.lease_token}
     answers = _post_until_answered(stack, world, run.task_id, body)
-    trial = Trial({operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+    trial = Trial({operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1)})
 
     def bad(message: str) -> None:
         trial.findings.append(Finding(invariants.VIOLATION, operation_id, message))

@@ -26,9 +26,8 @@ from ledger.models import (
     OperationStatus,
 )
 
-S = OperationStatus
-SETTLED = OPERATION_TERMINAL | {S.MANUAL}
-NO_EFFECT_STATUSES = frozenset({S.FAILED, S.EXPIRED, S.CANCELLED, S.REJECTED})
+SETTLED = OPERATION_TERMINAL | {OperationStatus.MANUAL}
+NO_EFFECT_STATUSES = frozenset({OperationStatus.FAILED, OperationStatus.EXPIRED, OperationStatus.CANCELLED, OperationStatus.REJECTED})
 DUPLICATE, LOST, STUCK, VIOLATION = "duplicate", "lost", "stuck", "violation"
 
 
@@ -83,7 +82,7 @@ def check_operation(operation_id: str, *, effects: int) -> list[Finding]:
     # The provider's log against the ledger.
     if effects > 1:
         bad(DUPLICATE, f"{effects} effects at the provider for one key")
-    if operation.status == S.CONFIRMED:
+    if operation.status == OperationStatus.CONFIRMED:
         if effects == 0:
             bad(LOST, "confirmed, but the provider has no effect")
         if not operation.receipt:
@@ -96,7 +95,7 @@ def check_operation(operation_id: str, *, effects: int) -> list[Finding]:
     previous = None
     for event in events:
         if previous is None:
-            if event.kind != Event.Kind.CREATED or event.to_status != S.PLANNED:
+            if event.kind != Event.Kind.CREATED or event.to_status != OperationStatus.PLANNED:
                 bad(VIOLATION, f"first event is {event.kind} {event.to_status}, not created planned")
         elif event.kind != Event.Kind.TRANSITION:
             if event.to_status != previous:
@@ -121,18 +120,18 @@ def check_operation(operation_id: str, *, effects: int) -> list[Finding]:
         bad(VIOLATION, f"attempt_count {operation.attempt_count} but {len(attempts)} attempt rows")
     if attempts and operation.fencing_token != tokens[-1]:
         bad(VIOLATION, f"fencing token {operation.fencing_token} is not the last attempt's {tokens[-1]}")
-    dispatches = sum(1 for event in events if event.to_status == S.DISPATCHED)
+    dispatches = sum(1 for event in events if event.to_status == OperationStatus.DISPATCHED)
     if dispatches != len(attempts):
         bad(VIOLATION, f"{dispatches} dispatched events but {len(attempts)} attempts")
 
     # Liveness after the quiet period.
-    was_authorized = any(event.to_status == S.AUTHORIZED for event in events)
+    was_authorized = any(event.to_status == OperationStatus.AUTHORIZED for event in events)
     if operation.status not in SETTLED:
-        if operation.status == S.AUTHORIZED and not attempts:
+        if operation.status == OperationStatus.AUTHORIZED and not attempts:
             bad(LOST, "authorized but never attempted")
         else:
             bad(STUCK, f"still {operation.status} after the quiet period")
-    elif was_authorized and not attempts and operation.status not in (S.EXPIRED, S.CANCELLED):
+    elif was_authorized and not attempts and operation.status not in (OperationStatus.EXPIRED, OperationStatus.CANCELLED):
         bad(LOST, f"authorized, never attempted, ended {operation.status}")
     return found
 
@@ -155,7 +154,7 @@ def check_expectations(operation_id: str, expect: Expect, *, effects: int) -> li
     if operation.status not in expect.statuses:
         problems.append(f"ended {operation.status}, expected one of {sorted(expect.statuses)}")
     # A confirmed operation's effects are the invariants' business (duplicate or lost), once.
-    if expect.effects is not None and effects != expect.effects and operation.status != S.CONFIRMED:
+    if expect.effects is not None and effects != expect.effects and operation.status != OperationStatus.CONFIRMED:
         problems.append(f"{effects} effects, expected {expect.effects}")
     if expect.attempts is not None and len(attempts) != expect.attempts:
         problems.append(f"{len(attempts)} attempts, expected {expect.attempts}")

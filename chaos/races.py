@@ -48,7 +48,6 @@ from runs import services as run_services
 from runs.models import Lease, Task, TaskStatus
 from sandbox.client import effects as provider_effects
 
-S = OperationStatus
 CONTENDERS = 50
 JITTER_SECONDS = 0.005
 
@@ -109,7 +108,7 @@ def concurrent_proposals(stack: ChaosStack, world: World, rng: random.Random, in
                 step_id=run.step_id, tool_name=tool, arguments=refund_arguments(order(), 120 if needs_approval else 25),
                 expected_version=run.version, fencing_token=run.lease_token)
     results = at_once([lambda: call_propose(**body)] * CONTENDERS, rng)
-    trial = Trial({operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+    trial = Trial({operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1)})
 
     def bad(message: str) -> None:
         trial.findings.append(Finding(invariants.VIOLATION, operation_id, message))
@@ -205,7 +204,7 @@ def call_id_mismatch(stack: ChaosStack, world: World, rng: random.Random, index:
         wanted = [(accepted["order_id"], float(accepted["amount"]))]
         return [] if seen == wanted else [f"provider effects {seen}, expected the accepted call's {wanted}"]
 
-    trial.expectations[operation_id] = Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1,
+    trial.expectations[operation_id] = Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1,
                                               extra=effect_is_the_accepted_call)
     return trial
 
@@ -298,5 +297,5 @@ def stale_lease(stack: ChaosStack, world: World, rng: random.Random, index: int)
         bad(f"the new holder's proposal created={answer.created}, but the old one landed={old_kind == 'ok'}")
     if Operation.objects.filter(task_id=run.task_id).count() != 1:
         bad(f"{Operation.objects.filter(task_id=run.task_id).count()} operations for one step")
-    trial.expectations[operation_id] = Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)
+    trial.expectations[operation_id] = Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1)
     return trial

@@ -51,8 +51,6 @@ from runs import services as run_services
 from runs.models import Task, TaskStatus
 from sandbox.client import effects as provider_effects
 
-S = OperationStatus
-
 
 def stale_attempts_kept(operation: Operation, attempts: list[Attempt]) -> list[str]:
     first = attempts[0] if attempts else None
@@ -70,7 +68,7 @@ def kill_after_provider(stack: ChaosStack, world: World, rng: random.Random, ind
     p = propose(world, tool=REFUND, order_id=order(), before=lambda op: stack.arm(seam, op))
     pid = stack.wait_blocked(seam, p.operation_id)
     kill(pid)
-    return Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+    return Trial({p.operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1)})
 
 
 def kill_before_dispatch(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
@@ -81,7 +79,7 @@ def kill_before_dispatch(stack: ChaosStack, world: World, rng: random.Random, in
     p = propose(world, tool=REFUND, order_id=order(), before=lambda op: stack.arm(seam, op))
     pid = stack.wait_blocked(seam, p.operation_id)
     kill(pid)
-    return Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
+    return Trial({p.operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1)})
 
 
 _RESULT = re.compile(r"Task ledger\.dispatch_operation\[([0-9a-f-]+)\] (succeeded in [0-9.e-]+s: '[^']*'|raised .*)")
@@ -103,8 +101,8 @@ def duplicate_delivery(stack: ChaosStack, world: World, rng: random.Random, inde
     p = propose(world, tool=REFUND, order_id=order())
     copies = [dispatch_operation.apply_async(args=[p.operation_id], queue="fast").id
               for _ in range(rng.choice((1, 2)))]
-    trial = Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=1)})
-    wait_status(p.operation_id, {S.CONFIRMED}, timeout=30)
+    trial = Trial({p.operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=1)})
+    wait_status(p.operation_id, {OperationStatus.CONFIRMED}, timeout=30)
     copies.append(dispatch_operation.apply_async(args=[p.operation_id], queue="fast").id)
     try:
         wait_until(lambda: all(task_id in _dispatch_results(stack) for task_id in copies), timeout=30,
@@ -128,7 +126,7 @@ def timeout_without_idempotency(stack: ChaosStack, world: World, rng: random.Ran
     """8. The provider commits, then the reply times out, on a tool that can neither dedupe nor be
     asked: unknown, then manual — no blind retry. 1 attempt, 1 effect (for a person to look at)."""
     p = propose(world, tool=NO_IDEMPOTENCY, order_id=order("fault-timeout-after-commit"))
-    return Trial({p.operation_id: Expect(frozenset({S.MANUAL}), effects=1, attempts=1)})
+    return Trial({p.operation_id: Expect(frozenset({OperationStatus.MANUAL}), effects=1, attempts=1)})
 
 
 def zombie_worker(stack: ChaosStack, world: World, rng: random.Random, index: int) -> Trial:
@@ -149,10 +147,10 @@ def zombie_worker(stack: ChaosStack, world: World, rng: random.Random, index: in
     pid = stack.wait_blocked(seam, p.operation_id)
     kill(pid, signal.SIGSTOP)
     attempts = 2 if seam == "before_provider_call" else 1
-    trial = Trial({p.operation_id: Expect(frozenset({S.CONFIRMED}), effects=1, attempts=attempts,
+    trial = Trial({p.operation_id: Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=attempts,
                                           extra=stale_attempts_kept)})
     try:
-        wait_status(p.operation_id, {S.CONFIRMED, S.MANUAL, S.FAILED}, what="the takeover to settle")
+        wait_status(p.operation_id, {OperationStatus.CONFIRMED, OperationStatus.MANUAL, OperationStatus.FAILED}, what="the takeover to settle")
         events_before = Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=p.operation_id).count()
     finally:
         stack.release(seam, p.operation_id)
@@ -172,13 +170,13 @@ def retry_burst(stack: ChaosStack, world: World, rng: random.Random, index: int)
     case = index % 3
     if case == 0:  # every attempt rate limited: retried, then failed, never more than max
         p = propose(world, tool=REFUND, order_id=order(rng.choice(("fault-429-always", "fault-5xx-before-commit-always"))))
-        expect = Expect(frozenset({S.FAILED}), effects=0, max_attempts=4, extra=_backoff_respected)
+        expect = Expect(frozenset({OperationStatus.FAILED}), effects=0, max_attempts=4, extra=_backoff_respected)
     elif case == 1:  # one 503 / 429, then success
         p = propose(world, tool=REFUND, order_id=order(rng.choice(("fault-5xx-before-commit", "fault-429"))))
-        expect = Expect(frozenset({S.CONFIRMED}), effects=1, attempts=2, extra=_backoff_respected)
+        expect = Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, attempts=2, extra=_backoff_respected)
     else:  # not retryable on this tool: one attempt, failed
         p = propose(world, tool=NO_RETRY, order_id=order("fault-429-always"))
-        expect = Expect(frozenset({S.FAILED}), effects=0, attempts=1)
+        expect = Expect(frozenset({OperationStatus.FAILED}), effects=0, attempts=1)
     return Trial({p.operation_id: expect})
 
 
@@ -228,7 +226,7 @@ def approval_goes_stale(stack: ChaosStack, world: World, rng: random.Random, ind
             run_services.task_transition(task_id=p.task_id, to=TaskStatus.RUNNING, expected_version=task.version,
                                          fencing_token=p.lease_token, actor=world.agent.ref,
                                          reason="the agent moved on while the approval was queued")
-    wanted = frozenset({S.EXPIRED}) if expires else frozenset({S.CANCELLED})
+    wanted = frozenset({OperationStatus.EXPIRED}) if expires else frozenset({OperationStatus.CANCELLED})
     return Trial({p.operation_id: Expect(wanted, effects=0, attempts=0)})
 
 
@@ -238,7 +236,7 @@ def clock_skew(stack: ChaosStack, world: World, rng: random.Random, index: int) 
     push an operation to `manual` early, which is safe."""
     fault = rng.choice(("ok", "fault-timeout-after-commit", "fault-429", "fault-5xx-after-commit"))
     p = propose(world, tool=REFUND, order_id=order(fault))
-    return Trial({p.operation_id: Expect(frozenset({S.CONFIRMED, S.MANUAL}))})
+    return Trial({p.operation_id: Expect(frozenset({OperationStatus.CONFIRMED, OperationStatus.MANUAL}))})
 
 
 @dataclass(frozen=True)

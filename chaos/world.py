@@ -21,12 +21,11 @@ from console.lib.ids import derive_operation_id
 from console.lib.procs import wait_until
 from console.models import AgentPrincipal, Membership, Role, Tenant
 from ledger import decisions
-from ledger.models import Operation, OperationStatus
+from ledger.models import Operation
 from ledger.proposals import call_propose
 from runs import services as run_services
 from runs.models import Task, TaskStatus
 
-S = OperationStatus
 QUIET_SECONDS = 60.0
 TENANT_SLUG = "chaos"
 AGENT_NAME = "chaos-agent"

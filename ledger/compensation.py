@@ -20,10 +20,8 @@ from ledger.models import Call, Operation, OperationStatus
 from ledger.support import _operation_for_actor, _require_reason, user_ref
 from runs import services as run_services
 
-S = OperationStatus
 # An effect happened (confirmed) or may have happened (in doubt, or already judged so).
-COMPENSABLE = frozenset({S.CONFIRMED, S.COMPENSATION_REQUIRED, S.UNKNOWN, S.MANUAL})
-R = PolicyTier.Requirement
+COMPENSABLE = frozenset({OperationStatus.CONFIRMED, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.UNKNOWN, OperationStatus.MANUAL})
 
 
 def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name: str,
@@ -45,7 +43,7 @@ def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name
     args_hash = gate.validate_arguments(tool=tool, arguments=arguments)
     gate.authorize(principal=principal, task=task, tool=tool)
     tier, reasons = gate.risk_tier(tool=tool, task=task, arguments=arguments)
-    approval_tiers = PolicyTier.objects.filter(requirement__in=(R.ONE_APPROVAL, R.TWO_APPROVALS))
+    approval_tiers = PolicyTier.objects.filter(requirement__in=(PolicyTier.Requirement.ONE_APPROVAL, PolicyTier.Requirement.TWO_APPROVALS))
     floor = approval_tiers.order_by("level").values_list("level", flat=True).first()
     if floor is None:
         raise NotPermitted("No policy tier requires approval, so no compensation can be approved.")
@@ -53,14 +51,14 @@ def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name
         reasons.append(f"a compensation always needs approval → L{floor}")
         tier = floor
     policy = PolicyTier.objects.get(level=tier)
-    if policy.requirement == R.FORBIDDEN:
+    if policy.requirement == PolicyTier.Requirement.FORBIDDEN:
         raise NotPermitted(f"L{tier} is forbidden by policy.")
     actor = user_ref(user)
     with transaction.atomic():
         original = Operation.objects.select_for_update().get(pk=original.pk)
         if original.status not in COMPENSABLE:
             raise IllegalTransition(f"The operation became {original.status} meanwhile.")
-        if original.status in (S.UNKNOWN, S.MANUAL):
+        if original.status in (OperationStatus.UNKNOWN, OperationStatus.MANUAL):
             services.operation_require_compensation(operation_id=original.operation_id, actor=actor, reason=reason,
                                                     evidence={"compensating_tool": tool.name})
         number = original.compensations.count() + 1

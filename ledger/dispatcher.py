@@ -37,7 +37,6 @@ from ledger.seams import seam
 from runs.models import TASK_TERMINAL, Task
 
 logger = logging.getLogger(__name__)
-S = OperationStatus
 ACTOR = "system:dispatcher"
 
 
@@ -71,7 +70,7 @@ def run_dispatch(operation_id: str, *, worker: str) -> str:
 def _enqueue_later(operation_id: str, deferred: Deferred) -> None:
     countdown = max(0.05, deferred.seconds)
     # This message is the next try; the sweeper pushes again only if it is lost.
-    Operation.objects.filter(pk=operation_id, status__in=[S.AUTHORIZED, S.RETRY_SAFE]).update(
+    Operation.objects.filter(pk=operation_id, status__in=[OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE]).update(
         next_redispatch_at=timezone.now() + timedelta(seconds=countdown + settings.REDISPATCH_AFTER_SECONDS)
     )
     tasks.enqueue_dispatch(operation_id, queue=deferred.queue, countdown=countdown)
@@ -86,7 +85,7 @@ def _claim(operation_id: str, *, worker: str):
         if claimed is None:
             return "missing"
         operation, circuit_until, in_flight = claimed
-        if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
+        if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
         # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
@@ -94,7 +93,7 @@ def _claim(operation_id: str, *, worker: str):
         refusal = _revalidate(operation, approval, now=now)
         if refusal:
             return refusal
-        if operation.status == S.RETRY_SAFE:
+        if operation.status == OperationStatus.RETRY_SAFE:
             stop = _retry_exhausted(operation, tool, now=now)
             if stop:
                 services.operation_fail(operation_id=operation_id, actor=ACTOR, reason=stop,
@@ -113,7 +112,7 @@ def _claim(operation_id: str, *, worker: str):
             lock_name(f"business:{tool.name}:{operation.business_key}")
             # An operation in doubt (unknown) may still have happened: it blocks its business key too.
             busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
-                                            status__in=[S.DISPATCHED, S.UNKNOWN])
+                                            status__in=[OperationStatus.DISPATCHED, OperationStatus.UNKNOWN])
             if busy.exclude(pk=operation_id).exists():
                 return Deferred("business_key_busy", 0.5, tool.queue)
         if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
@@ -131,7 +130,7 @@ def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int] | None:
     """The operation locked, with its tool and task, the circuit breaker's stored verdict and
     the tenant's operations in flight: one statement (the claim runs for every dispatch)."""
     connection = sql.connection_for(Operation)
-    row = sql.fetchone(connection, _claim_sql(connection.vendor), [S.DISPATCHED, operation_id])
+    row = sql.fetchone(connection, _claim_sql(connection.vendor), [OperationStatus.DISPATCHED, operation_id])
     if row is None:
         return None
     at = itertools.accumulate((sql.width(m) for m in (Operation, Tool, Task)), initial=0)
@@ -155,7 +154,7 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) 
     """Step 5's re-checks of the operation and its approved request (if any). On failure the
     approval and the operation are closed (with events) and a reason is returned."""
     task = operation.task
-    if operation.status == S.AUTHORIZED:
+    if operation.status == OperationStatus.AUTHORIZED:
         # A compensation undoes an effect of a task that may long be finished: it still runs.
         if task.status in TASK_TERMINAL and operation.compensates_id is None:
             services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=f"task {task.status}")
@@ -210,7 +209,7 @@ def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int
         # Client-side fencing: a worker that stalled after its claim (GC pause, SIGSTOP) may
         # have been declared lost and replaced; it must not send once its token is stale.
         if sql.fetchone(sql.connection_for(Operation), _STILL_MINE_SQL,
-                        [operation.pk, S.DISPATCHED, attempt.fencing_token]) is None:
+                        [operation.pk, OperationStatus.DISPATCHED, attempt.fencing_token]) is None:
             span.set_attribute("countersign.fenced", True)
             return not_sent("fenced", transport="none", code="stale_token",
                             raw={"fencing_token": attempt.fencing_token}), 0
@@ -252,9 +251,9 @@ def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms
     if not applied:
         logger.warning("stale result for %s attempt %s kept as evidence", operation.operation_id, attempt.number)
         return "stale"
-    if updated.status == S.RETRY_SAFE and retry_at is not None:
+    if updated.status == OperationStatus.RETRY_SAFE and retry_at is not None:
         tasks.enqueue_dispatch(operation.operation_id, queue=tool.queue,
                          countdown=max(0.0, (retry_at - timezone.now()).total_seconds()))
-    elif updated.status == S.UNKNOWN:
+    elif updated.status == OperationStatus.UNKNOWN:
         tasks.enqueue_reconcile(operation.operation_id)
     return updated.status

@@ -23,29 +23,27 @@ class OperationStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-S = OperationStatus
-
 # The only moves an operation may make. `dispatched` never goes back to planned or authorized;
 # a timeout goes to `unknown`, never to `failed`. `authorized → expired | cancelled` is the
 # dispatcher's re-check finding the approval expired or the task moved on. `dispatched →
 # retry_safe` needs the provider's promise of no effect (429, 503 before commit, refused
 # connection): the retry keeps the operation ID and key, attempt + 1.
 OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
-    S.PLANNED: frozenset({S.AUTHORIZED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
-    S.AUTHORIZED: frozenset({S.DISPATCHED, S.EXPIRED, S.CANCELLED}),
-    S.DISPATCHED: frozenset({S.CONFIRMED, S.FAILED, S.UNKNOWN, S.RETRY_SAFE}),
-    S.UNKNOWN: frozenset({S.CONFIRMED, S.RETRY_SAFE, S.COMPENSATION_REQUIRED, S.MANUAL, S.FAILED}),
-    S.MANUAL: frozenset({S.CONFIRMED, S.RETRY_SAFE, S.COMPENSATION_REQUIRED, S.FAILED}),
-    S.RETRY_SAFE: frozenset({S.DISPATCHED, S.FAILED}),
-    S.COMPENSATION_REQUIRED: frozenset(),
-    S.CONFIRMED: frozenset(),
-    S.FAILED: frozenset(),
-    S.REJECTED: frozenset(),
-    S.EXPIRED: frozenset(),
-    S.CANCELLED: frozenset(),
+    OperationStatus.PLANNED: frozenset({OperationStatus.AUTHORIZED, OperationStatus.REJECTED, OperationStatus.EXPIRED, OperationStatus.CANCELLED}),
+    OperationStatus.AUTHORIZED: frozenset({OperationStatus.DISPATCHED, OperationStatus.EXPIRED, OperationStatus.CANCELLED}),
+    OperationStatus.DISPATCHED: frozenset({OperationStatus.CONFIRMED, OperationStatus.FAILED, OperationStatus.UNKNOWN, OperationStatus.RETRY_SAFE}),
+    OperationStatus.UNKNOWN: frozenset({OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.MANUAL, OperationStatus.FAILED}),
+    OperationStatus.MANUAL: frozenset({OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.FAILED}),
+    OperationStatus.RETRY_SAFE: frozenset({OperationStatus.DISPATCHED, OperationStatus.FAILED}),
+    OperationStatus.COMPENSATION_REQUIRED: frozenset(),
+    OperationStatus.CONFIRMED: frozenset(),
+    OperationStatus.FAILED: frozenset(),
+    OperationStatus.REJECTED: frozenset(),
+    OperationStatus.EXPIRED: frozenset(),
+    OperationStatus.CANCELLED: frozenset(),
 }
 OPERATION_TERMINAL = frozenset(s for s, moves in OPERATION_TRANSITIONS.items() if not moves)
-OPERATION_NEEDS_PERSON = frozenset({S.UNKNOWN, S.MANUAL, S.COMPENSATION_REQUIRED})
+OPERATION_NEEDS_PERSON = frozenset({OperationStatus.UNKNOWN, OperationStatus.MANUAL, OperationStatus.COMPENSATION_REQUIRED})
 
 
 class Operation(models.Model):
@@ -73,7 +71,7 @@ class Operation(models.Model):
         default=True,
         help_text="False only when the gate ran the call at once: the dispatcher then looks up no approval.",
     )
-    status = models.CharField(max_length=32, choices=OperationStatus.choices, default=S.PLANNED)
+    status = models.CharField(max_length=32, choices=OperationStatus.choices, default=OperationStatus.PLANNED)
     attempt_count = models.PositiveIntegerField(default=0)
     fencing_token = models.PositiveBigIntegerField(default=0)
     dispatch_deadline = models.DateTimeField(null=True, blank=True)

@@ -21,13 +21,12 @@ from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, FOUND, PROCESSING
 from ledger.models import Operation, OperationStatus
 
-S = OperationStatus
 ACTOR = "system:reconciler"
 
 
 def _unknown_since(operation: Operation):
     event = (
-        Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, to_status=S.UNKNOWN)
+        Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, to_status=OperationStatus.UNKNOWN)
         .order_by("-id").first()
     )
     return event.created_at if event else operation.updated_at
@@ -38,7 +37,7 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
     operation = Operation.objects.select_related("tool").filter(pk=operation_id).first()
     if operation is None:
         return "missing"
-    if operation.status != S.UNKNOWN:
+    if operation.status != OperationStatus.UNKNOWN:
         return f"noop:{operation.status}"
     tool = operation.tool
     adapter = get_adapter(tool.adapter)

@@ -11,10 +11,8 @@ from console.lib.errors import NotFound
 from console.models import AgentPrincipal, Event
 from ledger.models import Call, Operation, OperationStatus
 
-S = OperationStatus
-
 # Operations that ended without ever being sent: the call's answer is a refusal.
-REFUSED_STATUSES = frozenset({S.REJECTED, S.EXPIRED, S.CANCELLED})
+REFUSED_STATUSES = frozenset({OperationStatus.REJECTED, OperationStatus.EXPIRED, OperationStatus.CANCELLED})
 
 
 def operation_for_principal(*, principal: AgentPrincipal, operation_id: str) -> Operation:
@@ -67,7 +65,7 @@ def operation_decision(operation: Operation, approval: ApprovalRequest | None) -
         )
         detail = f": {event.reason}" if event is not None and event.reason else ""
         return Decision.REFUSED, [f"operation {operation.status}{detail}"]
-    if operation.status == S.PLANNED:
+    if operation.status == OperationStatus.PLANNED:
         return Decision.AWAITING_APPROVAL, list(approval.escalation_reasons) if approval is not None else []
     return Decision.DISPATCHED, []
 

@@ -20,8 +20,6 @@ from ledger import tasks
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.retry import circuit_note_failure, is_transient_failure
 
-S = OperationStatus
-
 
 def _get(operation_id: str, *, lock: bool = False) -> Operation:
     qs = Operation.objects.select_for_update() if lock else Operation.objects
@@ -41,7 +39,7 @@ def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evid
     """planned → authorized; the dispatch is enqueued only once this commits."""
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        if transition(operation, to=S.AUTHORIZED, actor=actor, reason=reason, evidence=evidence):
+        if transition(operation, to=OperationStatus.AUTHORIZED, actor=actor, reason=reason, evidence=evidence):
             _enqueue_dispatch_on_commit(operation)
     return operation
 
@@ -49,21 +47,21 @@ def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evid
 def operation_reject(*, operation_id: str, actor: str, reason: str) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=S.REJECTED, actor=actor, reason=reason)
+        transition(operation, to=OperationStatus.REJECTED, actor=actor, reason=reason)
     return operation
 
 
 def operation_expire(*, operation_id: str, actor: str, reason: str) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=S.EXPIRED, actor=actor, reason=reason)
+        transition(operation, to=OperationStatus.EXPIRED, actor=actor, reason=reason)
     return operation
 
 
 def operation_cancel(*, operation_id: str, actor: str, reason: str) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=S.CANCELLED, actor=actor, reason=reason)
+        transition(operation, to=OperationStatus.CANCELLED, actor=actor, reason=reason)
     return operation
 
 
@@ -79,9 +77,9 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
     # Inside the claim's transaction no savepoint is needed: any failure aborts the claim.
     with transaction.atomic(savepoint=locked is None):
         operation = locked if locked is not None else _get(operation_id, lock=True)
-        if operation.status not in (S.AUTHORIZED, S.RETRY_SAFE):
+        if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
             # In flight: a conflict (someone else dispatched it); anything else: not a legal move.
-            error = Conflict if operation.status == S.DISPATCHED else IllegalTransition
+            error = Conflict if operation.status == OperationStatus.DISPATCHED else IllegalTransition
             raise error(
                 f"Operation {operation_id} is {operation.status}; only authorized or retry_safe dispatch.",
                 details={"status": operation.status},
@@ -91,7 +89,7 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
         attempt = Attempt(operation=operation, number=number, fencing_token=token, worker=worker,
                           started_at=timezone.now())
         transition(
-            operation, to=S.DISPATCHED, actor=f"worker:{worker}",
+            operation, to=OperationStatus.DISPATCHED, actor=f"worker:{worker}",
             reason=f"attempt {number}", evidence={"attempt": number, "fencing_token": token},
             guard={"fencing_token": operation.fencing_token, "attempt_count": operation.attempt_count},
             changes={"fencing_token": token, "attempt_count": number, "dispatch_deadline": deadline},
@@ -101,10 +99,10 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
 
 
 _OUTCOME_STATUS = {
-    Fact.KNOWN_SUCCESS: S.CONFIRMED,
-    Fact.KNOWN_FAILURE: S.FAILED,
-    Fact.UNKNOWN: S.UNKNOWN,
-    Fact.NOT_SENT: S.RETRY_SAFE,
+    Fact.KNOWN_SUCCESS: OperationStatus.CONFIRMED,
+    Fact.KNOWN_FAILURE: OperationStatus.FAILED,
+    Fact.UNKNOWN: OperationStatus.UNKNOWN,
+    Fact.NOT_SENT: OperationStatus.RETRY_SAFE,
 }
 
 
@@ -139,15 +137,15 @@ def operation_record_outcome(
     now = timezone.now()
     to = _OUTCOME_STATUS[fact]
     if fact == Fact.NOT_SENT and terminal_failure:
-        to = S.FAILED
+        to = OperationStatus.FAILED
     changes: dict[str, Any] = {"last_error": f"{error_class} {error_code}".strip()[:255]}
     if receipt is not None:
         changes["receipt"] = receipt
     if result is not None:
         changes["result"] = result
-    if to == S.UNKNOWN:
+    if to == OperationStatus.UNKNOWN:
         changes["next_reconcile_at"] = now
-    if to == S.RETRY_SAFE:
+    if to == OperationStatus.RETRY_SAFE:
         changes["not_before"] = retry_at
     attempt_fields = {"finished_at": now, "fact": fact, "error_class": error_class[:64],
                       "error_code": str(error_code)[:64], "raw_response": raw_response, "latency_ms": latency_ms}
@@ -166,7 +164,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
     with transaction.atomic():
         if operation is None:
             operation = _get(operation_id)
-        if operation.status == S.DISPATCHED and operation.fencing_token == fencing_token:
+        if operation.status == OperationStatus.DISPATCHED and operation.fencing_token == fencing_token:
             # The common case, without row locks: the compare-and-set on (status = dispatched,
             # token = mine) is the guard. If it loses, nothing was written and the stale path
             # below looks at the rows under lock.
@@ -186,7 +184,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
                 return operation, True
         attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
         operation = _get(operation_id, lock=True)
-        if operation.status == S.DISPATCHED and operation.fencing_token == fencing_token:
+        if operation.status == OperationStatus.DISPATCHED and operation.fencing_token == fencing_token:
             # Read stale in memory, current in the database: apply it under the lock.
             transition(
                 operation, to=to, actor=f"worker:{attempt.worker}", reason=f"attempt {attempt_number}: {fact}",
@@ -212,7 +210,7 @@ def operation_mark_unknown(*, operation_id: str, actor: str, reason: str, eviden
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         transition(
-            operation, to=S.UNKNOWN, actor=actor, reason=reason, evidence=evidence,
+            operation, to=OperationStatus.UNKNOWN, actor=actor, reason=reason, evidence=evidence,
             guard={"fencing_token": operation.fencing_token},
             changes={"next_reconcile_at": timezone.now()},
         )
@@ -223,7 +221,7 @@ def _refuse_in_flight(operation: Operation, to: str) -> None:
     """Only the worker's own recorded outcome moves a dispatched operation; a person or the
     reconciler acting on an in-flight call would start a second dispatch or call a timeout a
     failure."""
-    if operation.status == S.DISPATCHED:
+    if operation.status == OperationStatus.DISPATCHED:
         raise IllegalTransition(
             f"Operation {operation.operation_id} is in flight; wait for its outcome or for it to become unknown.",
             details={"status": operation.status, "to": to},
@@ -242,8 +240,8 @@ def operation_confirm(*, operation_id: str, receipt: dict[str, Any], actor: str,
         raise InvalidInput("Confirming needs a receipt.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        _refuse_in_flight(operation, S.CONFIRMED)
-        transition(operation, to=S.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
+        _refuse_in_flight(operation, OperationStatus.CONFIRMED)
+        transition(operation, to=OperationStatus.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
                    guard=_token_guard(fencing_token), changes={"receipt": receipt, "next_reconcile_at": None})
     return operation
 
@@ -255,8 +253,8 @@ def operation_mark_retry_safe(*, operation_id: str, actor: str, reason: str, evi
         raise InvalidInput("Declaring an operation safe to retry needs evidence.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        _refuse_in_flight(operation, S.RETRY_SAFE)
-        if transition(operation, to=S.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
+        _refuse_in_flight(operation, OperationStatus.RETRY_SAFE)
+        if transition(operation, to=OperationStatus.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
                       guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
             _enqueue_dispatch_on_commit(operation)
     return operation
@@ -266,7 +264,7 @@ def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evi
                               fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=S.MANUAL, actor=actor, reason=reason, evidence=evidence,
+        transition(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
                    guard=_token_guard(fencing_token), changes={"next_reconcile_at": None})
     return operation
 
@@ -275,7 +273,7 @@ def operation_require_compensation(*, operation_id: str, actor: str, reason: str
                                    evidence: dict | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=S.COMPENSATION_REQUIRED, actor=actor, reason=reason, evidence=evidence,
+        transition(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason, evidence=evidence,
                    changes={"next_reconcile_at": None})
     return operation
 
@@ -286,15 +284,15 @@ def operation_fail(*, operation_id: str, actor: str, reason: str, evidence: dict
         raise InvalidInput("Marking an operation failed needs evidence that it had no effect.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        _refuse_in_flight(operation, S.FAILED)
-        transition(operation, to=S.FAILED, actor=actor, reason=reason, evidence=evidence,
+        _refuse_in_flight(operation, OperationStatus.FAILED)
+        transition(operation, to=OperationStatus.FAILED, actor=actor, reason=reason, evidence=evidence,
                    changes={"next_reconcile_at": None})
     return operation
 
 
 def operation_schedule_reconcile(*, operation_id: str, at, tries: int) -> None:
     """Bookkeeping of the reconciler (no status change, so no event)."""
-    Operation.objects.filter(operation_id=operation_id, status=S.UNKNOWN).update(
+    Operation.objects.filter(operation_id=operation_id, status=OperationStatus.UNKNOWN).update(
         next_reconcile_at=at, reconcile_attempts=tries
     )
 
@@ -319,13 +317,13 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
     statement that inserts the operation (the proposal, one statement on PostgreSQL). The
     dispatch is enqueued, and the live pages rung, once the transaction commits; a rollback
     (the caller's insert lost a race) takes both with it."""
-    if operation.status != S.AUTHORIZED or S.AUTHORIZED not in Operation.TRANSITIONS[S.PLANNED]:
+    if operation.status != OperationStatus.AUTHORIZED or OperationStatus.AUTHORIZED not in Operation.TRANSITIONS[OperationStatus.PLANNED]:
         raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
     ring_doorbell_on_commit()
     _enqueue_dispatch_on_commit(operation)
     return [
-        _created_row(operation, actor=actor, to_status=S.PLANNED),
+        _created_row(operation, actor=actor, to_status=OperationStatus.PLANNED),
         event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
-                  kind=Event.Kind.TRANSITION, from_status=S.PLANNED, to_status=S.AUTHORIZED, actor=authorized_by, reason=reason,
+                  kind=Event.Kind.TRANSITION, from_status=OperationStatus.PLANNED, to_status=OperationStatus.AUTHORIZED, actor=authorized_by, reason=reason,
                   evidence=evidence),
     ]

@@ -40,8 +40,6 @@ from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer
 from ledger.models import Operation, OperationStatus
 
-S = OperationStatus
-
 PROVIDER_QUERY_ENTITY = Event.Entity.PROVIDER_QUERY
 UNSUPPORTED = "unsupported"
 # Who may look at the queue and an operation, and who may act on it.
@@ -49,7 +47,7 @@ VIEW_ROLES = (Role.SUPPORT, Role.REVIEWER, Role.ADMIN)
 ACT_ROLES = (Role.SUPPORT, Role.ADMIN)
 # An operation a person may still resolve (compensation_required waits for a compensating
 # operation, which is not created from here yet).
-RESOLVABLE = frozenset({S.UNKNOWN, S.MANUAL})
+RESOLVABLE = frozenset({OperationStatus.UNKNOWN, OperationStatus.MANUAL})
 
 
 class ProviderDenied(DomainError):
@@ -323,9 +321,9 @@ def support_escalate(*, operation_id: str, user: AbstractBaseUser, assignee: str
     try:
         with transaction.atomic():
             locked = _locked_resolvable(operation_id)
-            if locked.status == S.MANUAL:
+            if locked.status == OperationStatus.MANUAL:
                 record_event(entity=Operation.EVENT_ENTITY, entity_id=operation_id, tenant_id=locked.tenant_id,
-                             kind=Event.Kind.REASSIGNED, to_status=S.MANUAL, actor=user_ref(user), reason=reason,
+                             kind=Event.Kind.REASSIGNED, to_status=OperationStatus.MANUAL, actor=user_ref(user), reason=reason,
                              evidence=evidence)
             else:
                 services.operation_escalate_manual(operation_id=operation_id, actor=user_ref(user), reason=reason,

@@ -25,10 +25,9 @@ from console.models import Event
 from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Operation, OperationStatus
 from ledger.support import PROVIDER_QUERY_ENTITY, VIEW_ROLES
 
-S = OperationStatus
-QUEUE_STATUSES = (S.UNKNOWN, S.MANUAL, S.COMPENSATION_REQUIRED)
+QUEUE_STATUSES = (OperationStatus.UNKNOWN, OperationStatus.MANUAL, OperationStatus.COMPENSATION_REQUIRED)
 assert set(QUEUE_STATUSES) == set(OPERATION_NEEDS_PERSON)
-RESOLVED_STATUSES = (S.CONFIRMED, S.FAILED, S.RETRY_SAFE)
+RESOLVED_STATUSES = (OperationStatus.CONFIRMED, OperationStatus.FAILED, OperationStatus.RETRY_SAFE)
 
 
 def viewer_tenant_ids(user: AbstractBaseUser) -> set[int]:
@@ -40,7 +39,7 @@ def _operation_events(**filters: Any) -> QuerySet:
 
 
 def queue_base(tenant_ids: set[int]) -> QuerySet:
-    waiting_since = _operation_events(to_status=S.UNKNOWN).values("created_at")[:1]
+    waiting_since = _operation_events(to_status=OperationStatus.UNKNOWN).values("created_at")[:1]
     assigned = (
         _operation_events(evidence__has_key="assigned_to")
         .annotate(assignee=KeyTextTransform("assigned_to", "evidence")).values("assignee")[:1]
@@ -105,13 +104,13 @@ def figures(user: AbstractBaseUser, counts: dict[str, int], *, now=None, window=
     tenant_ids = viewer_tenant_ids(user)
     resolutions = list(
         Event.objects.filter(tenant_id__in=tenant_ids, entity=Operation.EVENT_ENTITY, created_at__gte=now - window,
-                             from_status__in=(S.UNKNOWN, S.MANUAL), to_status__in=RESOLVED_STATUSES)
+                             from_status__in=(OperationStatus.UNKNOWN, OperationStatus.MANUAL), to_status__in=RESOLVED_STATUSES)
         .only("id", "entity_id", "actor", "created_at").order_by("id")
     )
     entered: dict[str, list[tuple[int, Any]]] = {}
     if resolutions:
         for event_id, entity_id, created_at in (
-            Event.objects.filter(entity=Operation.EVENT_ENTITY, to_status=S.UNKNOWN,
+            Event.objects.filter(entity=Operation.EVENT_ENTITY, to_status=OperationStatus.UNKNOWN,
                                  entity_id__in={e.entity_id for e in resolutions})
             .values_list("id", "entity_id", "created_at").order_by("id")
         ):
@@ -123,7 +122,7 @@ def figures(user: AbstractBaseUser, counts: dict[str, int], *, now=None, window=
             durations.append((event.created_at - before[-1]).total_seconds())
     automatic = sum(1 for e in resolutions if e.actor.startswith("system:"))
     return Figures(
-        unknown_now=counts.get(S.UNKNOWN, 0), waiting_now=sum(counts.values()), resolved=len(resolutions),
+        unknown_now=counts.get(OperationStatus.UNKNOWN, 0), waiting_now=sum(counts.values()), resolved=len(resolutions),
         median_seconds=statistics.median(durations) if durations else None,
         automatic=automatic, by_person=len(resolutions) - automatic,
     )

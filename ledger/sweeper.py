@@ -18,7 +18,6 @@ from runs import tasks as run_tasks
 from runs.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
-S = OperationStatus
 BATCH = 200
 
 
@@ -29,7 +28,7 @@ def run_sweep(now=None) -> dict[str, int]:
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
     due_again = Q(next_redispatch_at__isnull=True) | Q(next_redispatch_at__lte=now)
     waiting = (
-        Operation.objects.filter(status__in=[S.AUTHORIZED, S.RETRY_SAFE], updated_at__lt=stale)
+        Operation.objects.filter(status__in=[OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE], updated_at__lt=stale)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .filter(due_again)
         .select_related("tool")[:BATCH]
@@ -45,7 +44,7 @@ def run_sweep(now=None) -> dict[str, int]:
             tasks.enqueue_dispatch(operation.operation_id, queue=operation.tool.queue)
             counts["redispatched"] += 1
 
-    for operation_id in Operation.objects.filter(status=S.DISPATCHED, dispatch_deadline__lt=now).values_list(
+    for operation_id in Operation.objects.filter(status=OperationStatus.DISPATCHED, dispatch_deadline__lt=now).values_list(
         "operation_id", flat=True
     )[:BATCH]:
         try:
@@ -58,10 +57,10 @@ def run_sweep(now=None) -> dict[str, int]:
         except Conflict:
             pass  # the worker recorded its outcome at the same moment
 
-    due = Operation.objects.filter(status=S.UNKNOWN, next_reconcile_at__lte=now).values_list("operation_id", flat=True)
+    due = Operation.objects.filter(status=OperationStatus.UNKNOWN, next_reconcile_at__lte=now).values_list("operation_id", flat=True)
     for operation_id in due[:BATCH]:
         # Claim the slot so the next sweep does not enqueue the same reconcile again.
-        claimed = Operation.objects.filter(operation_id=operation_id, status=S.UNKNOWN, next_reconcile_at__lte=now).update(
+        claimed = Operation.objects.filter(operation_id=operation_id, status=OperationStatus.UNKNOWN, next_reconcile_at__lte=now).update(
             next_reconcile_at=now + timedelta(seconds=max(5.0, settings.SWEEP_SECONDS * 3))
         )
         if claimed:

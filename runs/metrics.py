@@ -24,8 +24,7 @@ from ledger.models import Attempt, Fact, Operation, OperationStatus
 from runs.models import ReleaseGate, Span, Task, TaskStatus
 from runs.pricing import PriceBook, format_money
 
-S = OperationStatus
-RESOLVED = {S.CONFIRMED, S.RETRY_SAFE, S.FAILED, S.COMPENSATION_REQUIRED}
+RESOLVED = {OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.FAILED, OperationStatus.COMPENSATION_REQUIRED}
 TASK_DONE = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
@@ -109,8 +108,8 @@ def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier:
     result.terminal_success_rate = _ratio(result.tasks_succeeded, result.tasks_terminal)
 
     op_counts = operations.aggregate(
-        total=Count("operation_id"), confirmed=Count("operation_id", filter=Q(status=S.CONFIRMED)),
-        unresolved=Count("operation_id", filter=Q(status=S.MANUAL)),
+        total=Count("operation_id"), confirmed=Count("operation_id", filter=Q(status=OperationStatus.CONFIRMED)),
+        unresolved=Count("operation_id", filter=Q(status=OperationStatus.MANUAL)),
     )
     result.operations, result.confirmed = op_counts["total"], op_counts["confirmed"]
     result.unresolved = op_counts["unresolved"]
@@ -172,13 +171,13 @@ def _resolutions(operations) -> tuple[list[tuple[datetime, bool, float]], int]:
     still in doubt."""
     events = (
         Event.objects.filter(entity=Event.Entity.OPERATION, entity_id__in=operations.values("operation_id"))
-        .filter(Q(to_status=S.UNKNOWN) | Q(from_status__in=[S.UNKNOWN, S.MANUAL]))
+        .filter(Q(to_status=OperationStatus.UNKNOWN) | Q(from_status__in=[OperationStatus.UNKNOWN, OperationStatus.MANUAL]))
         .order_by("id").values_list("entity_id", "to_status", "actor", "created_at")
     )
     entered: dict[str, datetime] = {}
     resolved: list[tuple[datetime, bool, float]] = []
     for op_id, to_status, actor, at in events:
-        if to_status == S.UNKNOWN:
+        if to_status == OperationStatus.UNKNOWN:
             entered.setdefault(op_id, at)
         elif to_status in RESOLVED and op_id in entered:
             resolved.append((at, actor.startswith("system:"), (at - entered.pop(op_id)).total_seconds()))
@@ -236,9 +235,9 @@ def series(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: 
         created[bucket(at)] += 1
         touched[bucket(at)] += op_id in people
     rows = Event.objects.filter(entity=Event.Entity.OPERATION, entity_id__in=operations.values("operation_id"),
-                                created_at__gte=since, to_status__in=[S.CONFIRMED, S.UNKNOWN])
+                                created_at__gte=since, to_status__in=[OperationStatus.CONFIRMED, OperationStatus.UNKNOWN])
     for to_status, at in rows.values_list("to_status", "created_at"):
-        (confirmed if to_status == S.CONFIRMED else unknown)[bucket(at)] += 1
+        (confirmed if to_status == OperationStatus.CONFIRMED else unknown)[bucket(at)] += 1
     finished, succeeded = zeros(), zeros()
     for status, at in tasks.filter(status__in=TASK_DONE).values_list("status", "updated_at"):
         finished[bucket(at)] += 1

@@ -21,20 +21,18 @@ class TaskStatus(models.TextChoices):
     PAUSED = "paused"
 
 
-T = TaskStatus
-
 # `succeeded` is reachable only from `verifying`, and only through a verifier's evidence.
 TASK_TRANSITIONS: dict[str, frozenset[str]] = {
-    T.QUEUED: frozenset({T.PLANNING, T.CANCELLED}),
-    T.PLANNING: frozenset({T.RUNNING, T.FAILED, T.CANCELLED}),
-    T.RUNNING: frozenset({T.WAITING_APPROVAL, T.WAITING_EXTERNAL, T.VERIFYING, T.FAILED, T.CANCELLED, T.PAUSED}),
-    T.WAITING_APPROVAL: frozenset({T.RUNNING, T.FAILED, T.CANCELLED, T.PAUSED}),
-    T.WAITING_EXTERNAL: frozenset({T.RUNNING, T.FAILED, T.CANCELLED, T.PAUSED}),
-    T.VERIFYING: frozenset({T.SUCCEEDED, T.RUNNING, T.FAILED}),
-    T.PAUSED: frozenset({T.RUNNING, T.CANCELLED}),
-    T.SUCCEEDED: frozenset(),
-    T.FAILED: frozenset(),
-    T.CANCELLED: frozenset(),
+    TaskStatus.QUEUED: frozenset({TaskStatus.PLANNING, TaskStatus.CANCELLED}),
+    TaskStatus.PLANNING: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED}),
+    TaskStatus.RUNNING: frozenset({TaskStatus.WAITING_APPROVAL, TaskStatus.WAITING_EXTERNAL, TaskStatus.VERIFYING, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.PAUSED}),
+    TaskStatus.WAITING_APPROVAL: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.PAUSED}),
+    TaskStatus.WAITING_EXTERNAL: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.PAUSED}),
+    TaskStatus.VERIFYING: frozenset({TaskStatus.SUCCEEDED, TaskStatus.RUNNING, TaskStatus.FAILED}),
+    TaskStatus.PAUSED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED}),
+    TaskStatus.SUCCEEDED: frozenset(),
+    TaskStatus.FAILED: frozenset(),
+    TaskStatus.CANCELLED: frozenset(),
 }
 TASK_TERMINAL = frozenset(s for s, moves in TASK_TRANSITIONS.items() if not moves)
 
@@ -54,7 +52,7 @@ class Task(models.Model):
     success_criteria = models.JSONField(default=list, blank=True)
     constraints = models.JSONField(default=dict, blank=True)
     versions = models.JSONField(default=dict, blank=True, help_text="workflow, model, prompt, tool schema versions")
-    status = models.CharField(max_length=32, choices=TaskStatus.choices, default=T.QUEUED)
+    status = models.CharField(max_length=32, choices=TaskStatus.choices, default=TaskStatus.QUEUED)
     version = models.PositiveIntegerField(default=1)
     superseded_by = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     calls_used = models.PositiveIntegerField(default=0)

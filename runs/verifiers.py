@@ -17,7 +17,6 @@ from ledger.adapters.base import FOUND
 from ledger.models import Operation, OperationStatus
 from runs.models import Task
 
-S = OperationStatus
 MET, PENDING, FAILED = "met", "pending", "failed"
 
 # The criteria kinds a task type must carry (and pass) to succeed.
@@ -51,7 +50,7 @@ def verify_refund_confirmed(task: Task, criterion: dict[str, Any]) -> Verdict:
     if not operations:
         return Verdict(FAILED, {"reason": "no refund operation in this task", "order_id": order_id})
     for op in operations:
-        if op.status != S.CONFIRMED:
+        if op.status != OperationStatus.CONFIRMED:
             continue
         receipt_amount = _amount((op.receipt or {}).get("amount"))
         approved = _amount(op.arguments.get("amount"))
@@ -61,7 +60,7 @@ def verify_refund_confirmed(task: Task, criterion: dict[str, Any]) -> Verdict:
             return Verdict(FAILED, {**evidence, "reason": f"receipt amount {receipt_amount} ≠ approved {approved}"
                                                             f" / criterion {wanted}"})
         return Verdict(MET, evidence)
-    if any(op.status in (S.PLANNED, S.AUTHORIZED, S.DISPATCHED, S.UNKNOWN, S.RETRY_SAFE, S.MANUAL)
+    if any(op.status in (OperationStatus.PLANNED, OperationStatus.AUTHORIZED, OperationStatus.DISPATCHED, OperationStatus.UNKNOWN, OperationStatus.RETRY_SAFE, OperationStatus.MANUAL)
            for op in operations):
         return Verdict(PENDING, {"statuses": [op.status for op in operations]})
     return Verdict(FAILED, {"reason": "no refund was confirmed", "statuses": [op.status for op in operations]})
@@ -72,7 +71,7 @@ def verify_mail_delivered(task: Task, criterion: dict[str, Any]) -> Verdict:
     approved recipients, which are the criterion's."""
     wanted = sorted(criterion.get("to") or [])
     operations = list(Operation.objects.filter(task=task, tool__name="mail.send").select_related("tool"))
-    confirmed = [op for op in operations if op.status == S.CONFIRMED]
+    confirmed = [op for op in operations if op.status == OperationStatus.CONFIRMED]
     for op in confirmed:
         approved = sorted(op.arguments.get("to") or [])
         if wanted and approved != wanted:
@@ -85,7 +84,7 @@ def verify_mail_delivered(task: Task, criterion: dict[str, Any]) -> Verdict:
         if delivered != approved:
             return Verdict(FAILED, {**evidence, "reason": f"delivered to {delivered}, approved {approved}"})
         return Verdict(MET, evidence)
-    if any(op.status not in (S.CONFIRMED, S.FAILED, S.REJECTED, S.EXPIRED, S.CANCELLED) for op in operations):
+    if any(op.status not in (OperationStatus.CONFIRMED, OperationStatus.FAILED, OperationStatus.REJECTED, OperationStatus.EXPIRED, OperationStatus.CANCELLED) for op in operations):
         return Verdict(PENDING, {"statuses": [op.status for op in operations]})
     return Verdict(FAILED, {"reason": "no confirmed email to the approved recipients", "wanted": wanted})
 
