@@ -25,6 +25,7 @@ from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.selectors import decorate_rows, review_context
 from console import live
+from console.models import Event
 
 INBOX_ROWS_ID = "inbox-rows"
 
@@ -112,7 +113,7 @@ def render_approval(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
     relevant = [
         e for e in events
         if (e.entity == ApprovalRequest.EVENT_ENTITY and e.entity_id == approval.approval_id)
-        or (e.entity == "operation" and e.entity_id == approval.operation_id)
+        or (e.entity == Event.Entity.OPERATION and e.entity_id == approval.operation_id)
     ]
     if not relevant:
         return ""
@@ -134,7 +135,7 @@ def decisions_in_batch(events: Sequence) -> dict[str, frozenset]:
     """Who has decided each request of the batch: the one per-user thing the fragments show
     ("you approved; needs another reviewer"), read once for every socket."""
     ids = _approval_ids(events)
-    operation_ids = [e.entity_id for e in events if e.entity == "operation"]
+    operation_ids = [e.entity_id for e in events if e.entity == Event.Entity.OPERATION]
     out: dict[str, set] = {}
     rows = ApprovalDecision.objects.filter(request_id__in=ids) if not operation_ids else (
         ApprovalDecision.objects.filter(request_id__in=ids) | ApprovalDecision.objects.filter(

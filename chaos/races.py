@@ -256,12 +256,12 @@ def stale_lease(stack: ChaosStack, world: World, rng: random.Random, index: int)
     lease = Lease.objects.get(pk=run.task_id)
     if (lease.owner, lease.fencing_token) != (won[0].owner, run.lease_token + 1):
         bad(f"lease is {lease.owner} with token {lease.fencing_token}; expected {won[0].owner}, {run.lease_token + 1}")
-    takeover = Event.objects.filter(entity="lease", entity_id=run.task_id, actor=f"worker:{won[0].owner}").order_by("id").first()
+    takeover = Event.objects.filter(entity=Event.Entity.LEASE, entity_id=run.task_id, actor=f"worker:{won[0].owner}").order_by("id").first()
     if old_kind == "ok":
         # It landed: then before the takeover, never after.
         landed = (Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=operation_id).order_by("id").first()
                   if old_proposes else
-                  Event.objects.filter(entity="task", entity_id=run.task_id, actor="worker:old").order_by("-id").first())
+                  Event.objects.filter(entity=Event.Entity.TASK, entity_id=run.task_id, actor="worker:old").order_by("-id").first())
         if takeover is None or landed is None or landed.id > takeover.id:
             bad(f"the old holder's commit (event {landed and landed.id}) landed after the takeover "
                 f"(event {takeover and takeover.id})")

@@ -46,7 +46,7 @@ def sweep() -> dict:
 @shared_task(name="ledger.query_provider")
 def query_provider(operation_id: str, requested_by: str) -> str:
     """Ask the provider about an operation's key for support staff and record the answer as an
-    evidence event (entity "provider_query"); changes no status, so a duplicate is harmless."""
+    evidence event (kind `provider_answer`); changes no status, so a duplicate is harmless."""
     from ledger.support import provider_query_run
 
     return provider_query_run(operation_id=operation_id, actor=requested_by).to_status
