@@ -17,15 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
-from rest_framework import authentication, exceptions, serializers, status
+from rest_framework import authentication, exceptions, parsers, serializers, status
 from rest_framework.response import Response
 
+from console.lib import jsonlimits
 from console.lib.errors import DomainError, RateLimited
 from console.models import AgentPrincipal, hash_token
 
@@ -188,3 +190,17 @@ ERROR_DESCRIPTIONS = {
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     """The error responses of a view, for `extend_schema(responses={..., **errors(400, 401)})`."""
     return {code: OpenApiResponse(ErrorSerializer, description=ERROR_DESCRIPTIONS[code]) for code in codes}
+
+
+class JSONParser(parsers.JSONParser):
+    """The API's only body parser: JSON with a nesting budget checked before anything recursive
+    reads it (`console.lib.jsonlimits`). A body over it is a 400 like any malformed body."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            return jsonlimits.loads(stream.read().decode(encoding))
+        except jsonlimits.TooDeep as exc:
+            raise exceptions.ParseError(str(exc)) from exc
+        except ValueError as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from exc

@@ -248,6 +248,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.exception_handler",
+    # JSON only (the agent API's bodies are JSON objects), with a nesting budget.
+    "DEFAULT_PARSER_CLASSES": ["console.api.JSONParser"],
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

@@ -24,3 +24,6 @@ urlpatterns = [
     path("metrics", metrics_endpoint.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
 ]
+
+handler400 = views.bad_request
+handler404 = views.not_found

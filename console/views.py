@@ -2,13 +2,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.views import defaults
 
 from console.access import tenant_ids_for
+from console.api import error_body
 from console.models import Event, RiskTier
 from runs import metrics
 from runs.models import Task
@@ -52,3 +56,27 @@ def healthz(request: HttpRequest) -> JsonResponse:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"ok": True})
+
+
+# Machine clients (the agent API, OTLP exporters) get the API's error shape, people the pages.
+_API_PREFIXES = ("/api/", "/v1/")
+
+
+def _for_machines(request: HttpRequest) -> bool:
+    return request.path.startswith(_API_PREFIXES)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not _for_machines(request):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return JsonResponse(error_body("too_large", f"The body is larger than {limit} bytes.",
+                                       {"limit_bytes": limit}), status=413)
+    return JsonResponse(error_body("invalid", "The request is invalid."), status=400)
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not _for_machines(request):
+        return defaults.page_not_found(request, exception)
+    return JsonResponse(error_body("not_found", f"No such endpoint: {request.path}"), status=404)

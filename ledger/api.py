@@ -34,7 +34,7 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from ledger.models import OperationStatus
+from ledger.models import OPERATION_TERMINAL, OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
 from ledger.selectors import (
     call_detail,
@@ -208,9 +208,20 @@ def _call_body(call) -> dict[str, Any]:
     return dict(OperationOutputSerializer(call_detail(call)).data)
 
 
+def _parse_seen(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    if raw not in OperationStatus.values:
+        raise InvalidInput("The request is invalid.",
+                           details={"fields": {"seen": ["One of: " + ", ".join(OperationStatus.values) + "."]}})
+    return raw
+
+
 async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
-    """Long-poll a call: answer when its operation's status differs from the status at the
-    start, or when `wait` seconds (at most 30) have passed — with the status as it is then."""
+    """Long-poll a call: answer when its operation's status differs from the one the agent last
+    saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
+    with the status as it is then. A call that is already final, or already past `seen`, is
+    answered at once: a poll that starts after the change must not wait for one."""
     if request.method not in ("GET", "HEAD"):
         return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
                       status_code=405, headers={"Allow": "GET, HEAD"})
@@ -224,16 +235,18 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
     try:
         wait = _parse_wait(request.GET.get("wait"))
+        seen = _parse_seen(request.GET.get("seen"))
         call = await _db(call_for_principal)(
             principal=principal, call_id=call_id, task_id=request.GET.get("task_id") or None
         )
-        initial = await _db(call_operation_status)(call_pk=call.pk)
-        if wait > 0:
+        status = await _db(call_operation_status)(call_pk=call.pk)
+        baseline = seen or status
+        if wait > 0 and status == baseline and status not in OPERATION_TERMINAL:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
             while (remaining := deadline - loop.time()) > 0:
                 await asyncio.sleep(min(POLL_SECONDS, remaining))
-                if await _db(call_operation_status)(call_pk=call.pk) != initial:
+                if await _db(call_operation_status)(call_pk=call.pk) != baseline:
                     break
         return _json(await _db(_call_body)(call))
     except DomainError as exc:
@@ -245,10 +258,13 @@ class CallGetApi(APIView):
 
     @extend_schema(
         operation_id="call_get", summary="Read (long-poll) a call's operation",
-        description="Answers at once with `wait=0`; otherwise when the operation's status differs from the "
-                    "status at the start of the request, or after `wait` seconds (at most 30).",
+        description="Answers at once with `wait=0`, or when the call is final (nothing more will happen to "
+                    "it); otherwise when the operation's status differs from `seen` (default: the status at "
+                    "the start of the request), or after `wait` seconds (at most 30).",
         parameters=[
             OpenApiParameter("wait", OpenApiTypes.FLOAT, description="Seconds to wait for a change (0–30)."),
+            OpenApiParameter("seen", OpenApiTypes.STR,
+                             description="The status the agent last saw: a different one answers at once."),
             OpenApiParameter("task_id", OpenApiTypes.STR,
                              description="The call's task; without it, the newest call with this ID in your tenant."),
         ],

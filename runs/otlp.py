@@ -4,7 +4,6 @@ by an agent's bearer token. Spans are committed before the answer, so "accepted"
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
 from console.api import error_body, principal_for_authorization
+from console.lib import jsonlimits
 from console.lib.errors import InvalidInput
 from runs.spans import spans_ingest
 
@@ -230,7 +230,9 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
             parsed = parse_protobuf(body)
         elif content_type == "application/json":
             try:
-                parsed = parse_json(json.loads(body or b"{}"))
+                parsed = parse_json(jsonlimits.loads(body or b"{}", constants=True))
+            except jsonlimits.TooDeep as exc:
+                raise InvalidInput(str(exc)) from exc
             except ValueError as exc:
                 raise InvalidInput(f"Body is not JSON: {exc}") from exc
         else:
