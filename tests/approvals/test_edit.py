@@ -16,7 +16,7 @@ from console.models import Event
 from ledger import decisions
 from ledger.models import Call, Operation, OperationStatus
 from ledger.proposals import call_propose
-from tests.api.conftest import start_task
+from tests.fixtures.api import start_task
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
 

@@ -12,8 +12,8 @@ from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from ledger.decisions import approval_approve
 from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
-from tests.api.conftest import MAIL, call_body, start_task
 from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import MAIL, call_body, start_task
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
 
