@@ -10,6 +10,11 @@ from approvals.defaults import ensure_policy_defaults
 from approvals.models import Tool
 from console.models import AgentPrincipal, Membership, Role, Tenant
 
+# Fixtures and helpers shared by tests in several directories (the agent API's client and running
+# task, the dispatcher's sandbox providers, the support console's operations). Nothing in them is
+# autouse: a test module asks for what it needs.
+pytest_plugins = ["tests.fixtures.api", "tests.fixtures.dispatch", "tests.fixtures.support"]
+
 AGENT_TOKEN = "test-agent-token"
 OUTSIDER_TOKEN = "test-outsider-token"
 

@@ -13,7 +13,7 @@ from approvals import catalog
 from approvals.models import EscalationRule, PolicyGeneration, PolicyTier, Tool
 from console.lib.errors import NotPermitted
 from ledger.proposals import call_propose
-from tests.api.conftest import refund, start_task
+from tests.fixtures.api import refund, start_task
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 

@@ -17,8 +17,8 @@ from approvals import notifications
 from approvals.models import ApprovalRequest, Notification, NotificationChannel
 from console.models import Tenant
 from ledger import decisions
-from tests.approvals.test_edit import propose, refund
 from tests.factories import make_pending_approval
+from tests.ledger.test_decisions_edit import propose, refund
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
 

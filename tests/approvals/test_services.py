@@ -1,4 +1,6 @@
-"""approvals.services: approval requests, decisions, and the operation moves they cause."""
+"""approvals.services: approval requests and the rules of deciding them (who may decide, when, how
+many approvals are needed), reached through ledger.decisions as the views reach them. The
+operation moves those decisions cause are tested in tests/ledger/test_decisions.py."""
 
 from __future__ import annotations
 
@@ -108,28 +110,6 @@ def test_a_rolled_back_request_create_leaves_neither_request_nor_event(agent):
 
 
 # --- approval_approve --------------------------------------------------------------------------
-
-
-def test_one_approval_approves_the_request_and_authorizes_the_operation(l3, reviewer, django_capture_on_commit_callbacks):
-    approval_events, operation_events = counts(l3)
-
-    with django_capture_on_commit_callbacks() as callbacks:
-        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer, reason="looks right")
-
-    stored = ApprovalRequest.objects.get(pk=l3.pk)
-    assert stored.status == A.APPROVED
-    assert stored.decided_at is not None
-    assert op_status(l3) == S.AUTHORIZED
-    [decision] = stored.decisions.all()
-    assert (decision.reviewer, decision.verdict, decision.reason) == (reviewer, "approve", "looks right")
-    assert decision.arguments_hash == l3.arguments_hash
-    assert counts(l3) == (approval_events + 1, operation_events + 1)
-    approved = events_of("approval", l3.approval_id)[-1]
-    assert (approved.from_status, approved.to_status, approved.actor) == (A.PENDING, A.APPROVED, "user:reviewer")
-    authorized = events_of("operation", l3.operation_id)[-1]
-    assert (authorized.from_status, authorized.to_status) == (S.PLANNED, S.AUTHORIZED)
-    assert authorized.evidence == {"approval_id": l3.approval_id}
-    assert len(callbacks) == 1  # the dispatch, on commit
 
 
 def test_two_approvals_from_distinct_reviewers_are_needed_at_l4(l4, senior, senior2):
@@ -261,49 +241,7 @@ def test_approve_raises_conflict_when_another_writer_closed_the_request_first(l3
     assert counts(l3) == before
 
 
-def test_approve_rolls_back_the_decision_when_the_operation_moved_on(l3, reviewer):
-    # The operation was cancelled meanwhile: authorizing it is illegal, so nothing is recorded.
-    Operation.objects.filter(pk=l3.operation_id).update(status=S.CANCELLED)
-    before = counts(l3)
-
-    with pytest.raises(IllegalTransition):
-        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
-
-    assert status_of(l3) == A.PENDING
-    assert not ApprovalDecision.objects.filter(request=l3).exists()
-    assert counts(l3) == before
-
-
-def test_a_rolled_back_approval_leaves_neither_decision_status_nor_events(l3, reviewer):
-    before = counts(l3)
-
-    with pytest.raises(Boom), transaction.atomic():
-        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
-        raise Boom
-
-    assert status_of(l3) == A.PENDING
-    assert op_status(l3) == S.PLANNED
-    assert not ApprovalDecision.objects.filter(request=l3).exists()
-    assert counts(l3) == before
-
-
 # --- approval_reject ---------------------------------------------------------------------------
-
-
-def test_reject_rejects_the_request_and_the_operation_with_one_event_each(l3, reviewer):
-    approval_events, operation_events = counts(l3)
-
-    decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="amount is wrong")
-
-    stored = ApprovalRequest.objects.get(pk=l3.pk)
-    assert stored.status == A.REJECTED
-    assert stored.decided_at is not None
-    assert op_status(l3) == S.REJECTED
-    [decision] = stored.decisions.all()
-    assert (decision.verdict, decision.reason) == ("reject", "amount is wrong")
-    assert counts(l3) == (approval_events + 1, operation_events + 1)
-    assert events_of("approval", l3.approval_id)[-1].reason == "amount is wrong"
-    assert events_of("operation", l3.operation_id)[-1].to_status == S.REJECTED
 
 
 @pytest.mark.parametrize("reason", ["", "   "])
@@ -363,139 +301,6 @@ def test_reject_raises_conflict_when_another_writer_closed_the_request_first(l3,
     assert status_of(l3) == A.PENDING
     assert not ApprovalDecision.objects.filter(request=l3).exists()
     assert counts(l3) == before
-
-
-def test_a_rolled_back_rejection_leaves_neither_decision_status_nor_events(l3, reviewer):
-    before = counts(l3)
-
-    with pytest.raises(Boom), transaction.atomic():
-        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
-        raise Boom
-
-    assert status_of(l3) == A.PENDING
-    assert op_status(l3) == S.PLANNED
-    assert not ApprovalDecision.objects.filter(request=l3).exists()
-    assert counts(l3) == before
-
-
-# --- approval_expire, approval_invalidate --------------------------------------------------------
-
-CLOSERS = {
-    "approval_expire": (A.EXPIRED, S.EXPIRED, lambda apr_id: decisions.approval_expire(approval_id=apr_id)),
-    "approval_invalidate": (A.INVALIDATED, S.CANCELLED, lambda apr_id: decisions.approval_invalidate(
-        approval_id=apr_id, actor="system:dispatcher", reason="task version changed")),
-}
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-def test_closing_a_pending_request_closes_its_planned_operation(l3, verb):
-    target, op_target, call = CLOSERS[verb]
-    approval_events, operation_events = counts(l3)
-
-    call(l3.approval_id)
-
-    assert status_of(l3) == target
-    assert op_status(l3) == op_target
-    assert counts(l3) == (approval_events + 1, operation_events + 1)
-    event = events_of("approval", l3.approval_id)[-1]
-    assert (event.from_status, event.to_status) == (A.PENDING, target)
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-def test_closing_an_approved_request_closes_its_authorized_operation(l3, reviewer, verb):
-    target, op_target, call = CLOSERS[verb]
-    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
-    before = counts(l3)
-
-    call(l3.approval_id)
-
-    assert status_of(l3) == target
-    assert op_status(l3) == op_target
-    assert counts(l3) == (before[0] + 1, before[1] + 1)
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-def test_closing_a_request_leaves_an_operation_that_already_left_authorized_alone(l3, reviewer, verb):
-    from ledger import services as ledger_services
-
-    target, _, call = CLOSERS[verb]
-    decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
-    ledger_services.operation_dispatch(operation_id=l3.operation_id, worker="w1")
-    operation_events = event_count("operation", l3.operation_id)
-
-    call(l3.approval_id)
-
-    assert status_of(l3) == target
-    assert op_status(l3) == S.DISPATCHED
-    assert event_count("operation", l3.operation_id) == operation_events
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-def test_closing_an_already_closed_request_is_a_no_op_without_an_event(l3, verb):
-    _, _, call = CLOSERS[verb]
-    call(l3.approval_id)
-    before = counts(l3)
-
-    call(l3.approval_id)
-
-    assert counts(l3) == before
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-@pytest.mark.parametrize("closed", [A.REJECTED, A.CONSUMED])
-def test_closing_a_finished_request_raises_illegal_transition(l3, reviewer, verb, closed):
-    _, _, call = CLOSERS[verb]
-    if closed == A.REJECTED:
-        decisions.approval_reject(approval_id=l3.approval_id, reviewer=reviewer, reason="no")
-    else:
-        decisions.approval_approve(approval_id=l3.approval_id, reviewer=reviewer)
-        services.approval_consume(approval_id=l3.approval_id, actor="worker:w1")
-    before = counts(l3)
-    operation_status = op_status(l3)
-
-    with pytest.raises(IllegalTransition):
-        call(l3.approval_id)
-
-    assert status_of(l3) == closed
-    assert op_status(l3) == operation_status
-    assert counts(l3) == before
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-def test_closing_raises_conflict_when_another_writer_moved_the_request_first(l3, verb, monkeypatch):
-    _, _, call = CLOSERS[verb]
-    concurrent_writer(monkeypatch, services, status=A.APPROVED)
-    before = counts(l3)
-
-    with pytest.raises(Conflict) as excinfo:
-        call(l3.approval_id)
-
-    assert not isinstance(excinfo.value, IllegalTransition)
-    assert status_of(l3) == A.PENDING
-    assert op_status(l3) == S.PLANNED
-    assert counts(l3) == before
-
-
-@pytest.mark.parametrize("verb", list(CLOSERS))
-def test_a_rolled_back_close_leaves_neither_status_nor_events(l3, verb):
-    _, _, call = CLOSERS[verb]
-    before = counts(l3)
-
-    with pytest.raises(Boom), transaction.atomic():
-        call(l3.approval_id)
-        raise Boom
-
-    assert status_of(l3) == A.PENDING
-    assert op_status(l3) == S.PLANNED
-    assert counts(l3) == before
-
-
-@pytest.mark.parametrize("verb", [*CLOSERS, "approval_consume"])
-def test_closing_an_unknown_request_raises_not_found(db, verb):
-    call = (lambda apr_id: services.approval_consume(approval_id=apr_id, actor="worker:w1")) \
-        if verb == "approval_consume" else CLOSERS[verb][2]
-    with pytest.raises(NotFound):
-        call("apr_nope")
 
 
 # --- approval_consume --------------------------------------------------------------------------

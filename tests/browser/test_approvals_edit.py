@@ -8,8 +8,8 @@ from playwright.sync_api import Page, expect
 
 from approvals.models import ApprovalRequest
 from ledger.models import Operation
-from tests.approvals.test_edit import propose
 from tests.browser.test_approvals_inbox import log_in
+from tests.ledger.test_decisions_edit import propose
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from ledger.models import Operation, OperationStatus
 from sandbox.process import SandboxProcess
 from tests.asgi import AsgiServer
 from tests.conftest import make_user
-from tests.support.conftest import (
+from tests.fixtures.support import (
     age_last_attempt,
     make_operation,
     make_unknown,

@@ -171,7 +171,7 @@ def test_on_postgresql_the_hot_path_statements_are_prepared_once_per_connection(
     from approvals.models import Tool
     from ledger.dispatcher import run_dispatch
     from ledger.proposals import call_propose
-    from tests.api.conftest import start_task
+    from tests.fixtures.api import start_task
 
     tool = Tool.objects.create(name="test.noop", adapter="noop", json_schema={"type": "object"}, base_tier=0,
                                idempotency=Tool.Idempotency.NATIVE)

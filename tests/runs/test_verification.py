@@ -7,7 +7,7 @@ import pytest
 
 from ledger.decisions import lease_acquire
 from ledger.dispatcher import run_dispatch
-from ledger.models import Fact, Operation
+from ledger.models import Fact
 from ledger.models import OperationStatus as S
 from ledger.sweeper import run_sweep
 from runs.models import Task, TaskStatus
@@ -90,21 +90,6 @@ def test_a_verification_that_lost_its_message_is_enqueued_again_by_the_sweeper(a
     monkeypatch.setattr("runs.tasks.enqueue_verification", enqueued.append)
     run_sweep(now=timezone.now() + timedelta(minutes=5))
     assert task.task_id in enqueued
-
-
-def test_a_takeover_puts_the_previous_holders_in_flight_operations_in_doubt(agent):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    task = make_task(agent)
-    lease_acquire(task_id=task.task_id, owner="old", ttl_seconds=1)
-    in_flight = make_operation(agent, task=task, status=S.DISPATCHED)
-    done = make_operation(agent, task=task, status=S.CONFIRMED)
-    lease = lease_acquire(task_id=task.task_id, owner="new", ttl_seconds=60, now=timezone.now() + timedelta(seconds=5))
-    assert lease.fencing_token == 2
-    assert Operation.objects.get(pk=in_flight.pk).status == S.UNKNOWN
-    assert Operation.objects.get(pk=done.pk).status == S.CONFIRMED
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from ledger.models import Attempt, Call, Operation
 from ledger.proposals import call_propose
 from runs import services as run_services
 from runs.models import Task
-from tests.api.conftest import MAIL, RunningTask, refund, start_task
+from tests.fixtures.api import MAIL, RunningTask, refund, start_task
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 

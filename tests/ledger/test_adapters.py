@@ -17,7 +17,9 @@ from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, Outcome
 from ledger.adapters.mail import message_id_for
 from ledger.models import Fact
 from sandbox import client
-from tests.dispatch.conftest import HANG_SECONDS, refund_arguments
+from tests.fixtures.dispatch import HANG_SECONDS, refund_arguments
+
+pytestmark = pytest.mark.usefixtures("sandbox_settings", "enqueued")
 
 TIMEOUT = 0.5
 

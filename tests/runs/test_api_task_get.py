@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.api.conftest import assert_error
+from tests.fixtures.api import assert_error
 
 
 def url(task_id: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 from approvals.models import ApprovalRequest
 from console.models import Event
 from ledger.models import Attempt, Call, Operation
-from tests.api.conftest import MAIL, assert_error, call_body, refund
+from tests.fixtures.api import MAIL, assert_error, call_body, refund
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
@@ -95,7 +95,7 @@ def test_mail_waits_for_one_approval(api, running_task):
 
 
 def test_a_refusal_is_200_with_reasons_and_no_operation(api, agent):
-    from tests.api.conftest import start_task
+    from tests.fixtures.api import start_task
 
     run = start_task(agent, constraints={"max_amount": 10})
     response = api.post(url(run.task_id), call_body(run), format="json")

@@ -7,7 +7,7 @@ import pytest
 from ledger import decisions
 from ledger import services as ledger_services
 from ledger.models import Fact
-from tests.api.conftest import assert_error, call_body, refund
+from tests.fixtures.api import assert_error, call_body, refund
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 

@@ -10,8 +10,8 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from ledger.models import Attempt, Call, Operation
-from tests.api.conftest import call_body, refund, start_task
 from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import call_body, refund, start_task
 
 pytestmark = [
     pytest.mark.postgres,

@@ -8,7 +8,7 @@ from console.models import Event
 from ledger.decisions import lease_acquire
 from runs.models import Task
 from runs.services import task_create
-from tests.api.conftest import assert_error
+from tests.fixtures.api import assert_error
 
 
 @pytest.fixture

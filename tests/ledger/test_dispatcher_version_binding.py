@@ -12,8 +12,8 @@ from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from ledger.decisions import approval_approve
 from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
-from tests.api.conftest import MAIL, call_body, start_task
 from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import MAIL, call_body, start_task
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
 
@@ -36,7 +36,7 @@ def test_a_schema_change_while_waiting_invalidates_the_approval_and_the_call_is_
     approval_approve(approval_id=first["approval_id"], reviewer=reviewer)  # the person did not notice
     run_dispatch(first["operation_id"], worker="test")  # a no-op if the in-process broker already ran it
 
-    # (What GET /api/v1/calls/{call_id} reports; that async view is tested in tests/api.)
+    # (What GET /api/v1/calls/{call_id} reports; that async view is tested in tests/ledger/test_api_call_get.py.)
     assert Operation.objects.get(pk=first["operation_id"]).status == OperationStatus.CANCELLED
     assert ApprovalRequest.objects.get(pk=first["approval_id"]).status == ApprovalStatus.INVALIDATED
     assert not Operation.objects.get(pk=first["operation_id"]).attempts.exists()  # nothing was sent

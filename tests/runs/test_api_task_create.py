@@ -6,7 +6,7 @@ import pytest
 
 from console.models import Event
 from runs.models import Task
-from tests.api.conftest import assert_error
+from tests.fixtures.api import assert_error
 
 URL = "/api/v1/tasks"
 

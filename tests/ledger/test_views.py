@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from ledger import decisions
 from ledger.models import Operation, OperationStatus
-from tests.support.conftest import age_last_attempt, make_operation, make_unknown, record_answer
+from tests.fixtures.support import age_last_attempt, make_operation, make_unknown, record_answer
 
 S = OperationStatus
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]

@@ -11,7 +11,7 @@ from approvals import gate
 from approvals.models import EscalationRule, PolicyTier, Tool
 from console.lib.errors import InvalidInput, NotPermitted
 from runs.models import Task
-from tests.api.conftest import MAIL, refund, start_task
+from tests.fixtures.api import MAIL, refund, start_task
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from runs.models import Task
-from tests.api.conftest import assert_error, call_body
 from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import assert_error, call_body
 
 pytestmark = pytest.mark.django_db
 

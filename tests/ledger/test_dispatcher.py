@@ -22,7 +22,8 @@ from ledger.retry import backoff_bounds
 from ledger.sweeper import run_sweep
 from runs import services as run_services
 from runs.models import Task
-from tests.dispatch.conftest import (
+from tests.factories import cancel_task, make_approval_request, make_lease, make_operation
+from tests.fixtures.dispatch import (
     GRACE_SECONDS,
     PAYMENTS_TIMEOUT,
     attempts_of,
@@ -34,10 +35,9 @@ from tests.dispatch.conftest import (
     reload,
     status_story,
 )
-from tests.factories import cancel_task, make_approval_request, make_lease, make_operation
 
 S = OperationStatus
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sandbox_settings", "enqueued")]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from ledger import support
 from ledger.models import Operation, OperationStatus
 from ledger.support import ProviderDenied
 from ledger.tasks import query_provider
-from tests.support.conftest import (
+from tests.fixtures.support import (
     age_last_attempt,
     leaving_events,
     make_operation,

@@ -8,8 +8,8 @@ import json
 import pytest
 from django.conf import settings
 
-from tests.api.conftest import assert_error
 from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import assert_error
 
 pytestmark = pytest.mark.django_db
 AUTH = {"HTTP_AUTHORIZATION": f"Bearer {AGENT_TOKEN}"}

@@ -12,7 +12,7 @@ from ledger.filters import QueueFilterSet
 from ledger.live import read_queue_arg, render_operation, render_unknown
 from ledger.models import OperationStatus
 from ledger.tasks import query_provider
-from tests.support.conftest import make_operation, make_unknown
+from tests.fixtures.support import make_operation, make_unknown
 
 S = OperationStatus
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]

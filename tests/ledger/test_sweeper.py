@@ -13,7 +13,8 @@ from ledger.dispatcher import run_dispatch
 from ledger.models import Fact, Operation, OperationStatus
 from ledger.reconcile import run_reconcile
 from ledger.sweeper import run_sweep
-from tests.dispatch.conftest import (
+from tests.factories import make_approval_request, make_operation
+from tests.fixtures.dispatch import (
     attempts_of,
     authorized_refund,
     effects_of,
@@ -21,10 +22,9 @@ from tests.dispatch.conftest import (
     reload,
     status_story,
 )
-from tests.factories import make_approval_request, make_operation
 
 S = OperationStatus
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sandbox_settings", "enqueued")]
 
 
 class WorkerLost(BaseException):

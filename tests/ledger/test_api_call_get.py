@@ -18,8 +18,8 @@ from django.test import AsyncClient
 from ledger import api as ledger_api
 from ledger import services as ledger_services
 from ledger.models import Operation
-from tests.api.conftest import assert_error, call_body, refund, start_task
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN
+from tests.fixtures.api import assert_error, call_body, refund, start_task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

@@ -15,7 +15,8 @@ from ledger.dispatcher import run_dispatch
 from ledger.models import Fact, Operation, OperationStatus
 from ledger.reconcile import run_reconcile
 from sandbox.client import wait_for
-from tests.dispatch.conftest import (
+from tests.factories import make_operation
+from tests.fixtures.dispatch import (
     HANG_SECONDS,
     attempts_of,
     authorized_mail,
@@ -24,10 +25,9 @@ from tests.dispatch.conftest import (
     reload,
     status_story,
 )
-from tests.factories import make_operation
 
 S = OperationStatus
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sandbox_settings", "enqueued")]
 
 
 def unknown_refund(agent, order_id: str) -> Operation:

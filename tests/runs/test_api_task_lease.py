@@ -7,7 +7,7 @@ import pytest
 from console.models import Event
 from runs.models import Lease
 from runs.services import task_create
-from tests.api.conftest import assert_error
+from tests.fixtures.api import assert_error
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 
 from ledger import services as ledger_services
 from ledger.models import Fact
-from tests.api.conftest import assert_error
-from tests.api.test_call_get_api import get, proposed  # noqa: F401 - the fixture
+from tests.fixtures.api import assert_error
+from tests.ledger.test_api_call_get import get, proposed  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

@@ -16,7 +16,7 @@ from ledger.dispatcher import run_dispatch
 from ledger.models import Operation
 from ledger.models import OperationStatus as S
 from runs.models import Task, TaskStatus
-from tests.support.conftest import make_operation
+from tests.fixtures.support import make_operation
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from approvals.models import Tool
 from ledger.dispatcher import run_dispatch
 from ledger.models import Attempt, Fact, OperationStatus, ToolCircuit
 from ledger.retry import backoff_bounds, backoff_delay, circuit_open_until, retry_budget_left
-from tests.dispatch.conftest import (
+from tests.fixtures.dispatch import (
     attempts_of,
     authorized_refund,
     effects_of,
@@ -26,6 +26,7 @@ from tests.dispatch.conftest import (
 )
 
 S = OperationStatus
+pytestmark = pytest.mark.usefixtures("sandbox_settings", "enqueued")
 
 
 def policy_tool(*, base: float = 0.5, cap: float = 8.0) -> Tool:
