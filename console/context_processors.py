@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.urls import NoReverseMatch, reverse
 
 from console.access import roles_of
@@ -15,9 +16,10 @@ NAVIGATION = [
 
 
 def navigation(request) -> dict:
-    """The navigation shown by role; pages not installed yet are left out."""
+    """The navigation shown by role; pages not installed yet are left out. Only people have
+    roles: a page reached with an agent's token (the API docs) has no navigation."""
     user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated:
+    if not isinstance(user, AbstractBaseUser) or not user.is_authenticated:
         return {"nav_items": []}
     roles = roles_of(user)
     items = []
