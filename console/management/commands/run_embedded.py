@@ -7,6 +7,7 @@ ASGI server and the demo agent fleet, as children of this process. Ctrl-C stops 
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -19,6 +20,20 @@ from console.lib.procs import Child, http_ok, python, wait_until
 from sandbox.process import SandboxProcess
 
 
+def _refuse_taken_ports(port: int, smtp_port: int) -> None:
+    """Say which port is taken, and how to choose others, before anything starts."""
+    for number in (port, port + 1, port + 2, smtp_port):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", number))
+            except OSError:
+                raise CommandError(
+                    f"Port {number} is in use; start on other ports with PORT=<n> make run "
+                    f"(the server takes PORT, the sandboxes PORT+1 to PORT+3; now PORT={port})."
+                ) from None
+
+
 class Command(BaseCommand):
     help = "Run Countersign in embedded mode (server, worker, beat, sandboxes, demo fleet)."
 
@@ -29,6 +44,7 @@ class Command(BaseCommand):
     def handle(self, *args, no_fleet: bool = False, fleet_interval: float = 4.0, **options):
         if not settings.EMBEDDED:
             raise CommandError("run_embedded is for embedded mode; see the README for the distributed mode.")
+        _refuse_taken_ports(settings.PORT, settings.SANDBOX_MAIL_SMTP_PORT)
         var: Path = settings.VAR_DIR
         for folder in ("broker/queue", "broker/processed", "sandbox", "logs"):
             (var / folder).mkdir(parents=True, exist_ok=True)
