@@ -50,8 +50,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ledger import decisions
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -283,6 +281,7 @@ class RunningTask:
 
 def start_task(agent, owner: str) -> RunningTask:
     """A task driven to `running` through the services, with its lease (as an agent would)."""
+    from ledger import decisions
     from runs import services as run_services
 
     task = run_services.task_create(principal=agent, task_type="bench", goal="Benchmark the ledger")
