@@ -1,0 +1,327 @@
+"""What an agent waits for: one auto-run tool call through Countersign, proposed and awaited until
+final, beside the same read sent straight to the provider, in one run.
+
+    .venv/bin/python bench/latency.py [--modes embedded,postgres] [--calls 60] [--agents 1,16]
+
+Each mode starts the product as `make run` does (`manage.py run_embedded --no-fleet`: ASGI
+server, Celery worker, beat, both sandboxes) in a temporary folder on free ports:
+
+- `embedded`: SQLite and the file-system broker (the defaults);
+- `postgres`: PostgreSQL (a fresh database `countersign_bench_latency` on DATABASE_URL's server)
+  and Redis (`--redis`, databases 12 and 13).
+
+A scripted agent (one thread per agent, one task each) proposes `orders.lookup` (L1, run at
+once by the gate) and long-polls `GET /api/v1/calls/{id}?wait=` until the call is final; after
+each call it sends `GET /orders/{id}` straight to the payments sandbox and `GET /healthz` to the
+server. Printed per mode and agent count: p50/p95/p99 of the call through Countersign, of the
+direct call and of `/healthz`, the overhead (through − direct), and where the time went, from the
+ledger's own timestamps (same machine, same clock):
+
+| stage    | from → to                                                                    |
+|----------|------------------------------------------------------------------------------|
+| propose  | request sent → the proposal's answer received                                |
+| pickup   | operation created → claimed (`dispatched` event): commit, publish, broker, worker |
+| provider | attempt started → finished (the adapter's HTTP call)                          |
+| receipt  | attempt finished → `confirmed` event                                         |
+| wake     | `confirmed` event → the agent holds the final answer (long-poll, response)    |
+
+Nothing is asserted: the machine is shared and noisy; read medians, repeat, and record figures
+with the machine's load in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.ledger import ensure_database, with_database  # noqa: E402
+
+TERMINAL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
+TOKEN = "bench-latency-token"
+STAGES = ("propose", "pickup", "provider", "receipt", "wake")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def free_port_block(size: int = 4) -> int:
+    """A port P with P..P+size-1 all free (the server takes P, the sandboxes P+1..P+3)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + size >= 65535:
+            continue
+        taken = False
+        for port in range(base, base + size):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    taken = True
+                    break
+        if not taken:
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+@dataclass
+class Stack:
+    mode: str
+    database_url: str | None
+    redis: str
+    var: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="countersign-latency-")))
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Stack:
+        self.port = free_port_block()
+        env = {**os.environ, "PORT": str(self.port), "COUNTERSIGN_VAR_DIR": str(self.var),
+               "DEMO_AGENT_TOKEN": TOKEN, "COUNTERSIGN_ENV": "embedded"}
+        for name in ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_LAYER_URL"):
+            env.pop(name, None)
+        if self.mode == "postgres":
+            env["DATABASE_URL"] = self.database_url
+            env["CELERY_BROKER_URL"] = f"{self.redis}/12"
+            env["CHANNEL_LAYER_URL"] = f"{self.redis}/13"
+        log = open(self.var / "run_embedded.log", "w")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "run_embedded", "--no-fleet"], cwd=ROOT,
+                                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"run_embedded exited; see {self.var / 'run_embedded.log'}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError("the server did not answer /healthz in 90 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def payments_url(self) -> str:
+        return f"http://127.0.0.1:{self.port + 1}"
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.var, ignore_errors=True)
+
+
+# --- the ledger's timestamps -----------------------------------------------------------------
+
+STAGE_SQL = """
+SELECT o.operation_id, o.created_at,
+       (SELECT min(e.created_at) FROM ledger_event e WHERE e.entity = 'operation'
+           AND e.entity_id = o.operation_id AND e.to_status = 'dispatched'),
+       (SELECT min(a.started_at) FROM ledger_attempt a WHERE a.operation_id = o.operation_id),
+       (SELECT min(a.finished_at) FROM ledger_attempt a WHERE a.operation_id = o.operation_id),
+       (SELECT min(e.created_at) FROM ledger_event e WHERE e.entity = 'operation'
+           AND e.entity_id = o.operation_id AND e.to_status = 'confirmed')
+FROM ledger_operation o WHERE o.operation_id IN ({marks})
+"""
+
+
+def as_epoch(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def ledger_times(stack: Stack, operation_ids: list[str]) -> dict[str, tuple]:
+    rows: list[tuple] = []
+    for start in range(0, len(operation_ids), 500):
+        chunk = operation_ids[start:start + 500]
+        if stack.mode == "postgres":
+            import psycopg
+
+            with psycopg.connect(stack.database_url.replace("postgres://", "postgresql://", 1)) as conn:
+                rows += conn.execute(STAGE_SQL.format(marks=", ".join(["%s"] * len(chunk))), chunk).fetchall()
+        else:
+            conn = sqlite3.connect(stack.var / "countersign.sqlite3")
+            try:
+                rows += conn.execute(STAGE_SQL.format(marks=", ".join(["?"] * len(chunk))), chunk).fetchall()
+            finally:
+                conn.close()
+    return {row[0]: tuple(as_epoch(value) for value in row[1:]) for row in rows}
+
+
+# --- the scripted agent ----------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    operation_id: str
+    sent: float
+    answered: float
+    final: float
+    status: str
+    direct_ms: float
+    healthz_ms: float
+
+
+def start_task(client: httpx.Client, name: str) -> tuple[str, int, int]:
+    task = client.post("/api/v1/tasks", json={
+        "task_type": "order_lookup", "goal": "Look orders up", "inputs": {},
+        "success_criteria": [], "constraints": {"max_tool_calls": 100_000},
+        "versions": {"workflow": "bench-latency", "model": "scripted", "prompt": "v1"},
+    }).raise_for_status().json()
+    task_id, version = task["task_id"], task["version"]
+    token = client.post(f"/api/v1/tasks/{task_id}/lease",
+                        json={"owner": name, "ttl_seconds": 3600}).raise_for_status().json()["fencing_token"]
+    for to in ("planning", "running"):
+        version = client.post(f"/api/v1/tasks/{task_id}/transition", json={
+            "to": to, "expected_version": version, "fencing_token": token}).raise_for_status().json()["version"]
+    return task_id, version, token
+
+
+def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, int], tag: str) -> Sample:
+    task_id, version, token = task
+    sent = time.time()
+    answer = client.post(f"/api/v1/tasks/{task_id}/calls", json={
+        "call_id": f"call-{tag}", "step_id": f"lookup-{tag}", "tool": "orders.lookup",
+        "arguments": {"order_id": f"ord-{tag}"}, "expected_version": version, "fencing_token": token,
+    }).raise_for_status().json()
+    answered = time.time()
+    status = answer.get("status", "")
+    while status not in TERMINAL:
+        body = client.get(f"/api/v1/calls/{answer['call_id']}",
+                          params={"wait": 10, "seen": status, "task_id": task_id}).raise_for_status().json()
+        status = body.get("status", "")
+    final = time.time()
+    began = time.perf_counter()
+    direct.get(f"/orders/ord-{tag}").raise_for_status()
+    direct_ms = (time.perf_counter() - began) * 1000
+    began = time.perf_counter()
+    client.get("/healthz").raise_for_status()
+    healthz_ms = (time.perf_counter() - began) * 1000
+    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms)
+
+
+def run_agents(stack: Stack, agents: int, calls: int, warmup: int) -> list[Sample]:
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def agent(index: int) -> None:
+        try:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client, \
+                    httpx.Client(base_url=stack.payments_url, timeout=30) as direct:
+                task = start_task(client, f"bench-{agents}-{index}")
+                run = f"{agents}x{index}-{time.time_ns()}"
+                for i in range(warmup + calls):
+                    sample = one_call(client, direct, task, f"{run}-{i}")
+                    if i >= warmup:
+                        with lock:
+                            samples.append(sample)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return samples
+
+
+def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple]) -> None:
+    through = [(s.final - s.sent) * 1000 for s in samples]
+    direct = [s.direct_ms for s in samples]
+    healthz = [s.healthz_ms for s in samples]
+    overhead = [t - d for t, d in zip(through, direct, strict=True)]
+    not_confirmed = sum(1 for s in samples if s.status != "confirmed")
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}
+    for sample in samples:
+        created, claimed, started, finished, confirmed = times.get(sample.operation_id, (None,) * 5)
+        stages["propose"].append((sample.answered - sample.sent) * 1000)
+        if created and claimed:
+            stages["pickup"].append((claimed - created) * 1000)
+        if started and finished:
+            stages["provider"].append((finished - started) * 1000)
+        if finished and confirmed:
+            stages["receipt"].append((confirmed - finished) * 1000)
+        if confirmed:
+            stages["wake"].append((sample.final - confirmed) * 1000)
+
+    def line(label: str, values: list[float]) -> str:
+        return (f"  {label:<22} p50 {pct(values, 50):8.1f}  p95 {pct(values, 95):8.1f}  "
+                f"p99 {pct(values, 99):8.1f} ms  (n={len(values)})")
+
+    print(f"\n{mode}, {agents} agent(s), {len(samples)} calls"
+          + (f", {not_confirmed} not confirmed" if not_confirmed else ""))
+    print(line("through Countersign", through))
+    print(line("direct to provider", direct))
+    print(line("overhead", overhead))
+    print(line("/healthz", healthz))
+    print("  where the time went:")
+    for name in STAGES:
+        print(line(f"  {name}", stages[name]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="embedded,postgres")
+    parser.add_argument("--calls", type=int, default=60, help="measured calls per agent")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--agents", default="1,16")
+    parser.add_argument("--database-url", default=os.environ.get(
+        "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/countersign"))
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    args = parser.parse_args()
+    agent_counts = [int(n) for n in args.agents.split(",")]
+    print(f"bench/latency.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()}")
+    for mode in args.modes.split(","):
+        database_url = None
+        if mode == "postgres":
+            database_url = with_database(args.database_url, "countersign_bench_latency")
+            ensure_database(database_url, fresh=True)
+        stack = Stack(mode, database_url, args.redis).start()
+        try:
+            for agents in agent_counts:
+                samples = run_agents(stack, agents, args.calls, args.warmup)
+                report(mode, agents, samples, ledger_times(stack, [s.operation_id for s in samples]))
+        finally:
+            stack.stop()
+
+
+if __name__ == "__main__":
+    main()
