@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: run test lint chaos bench clean
+.PHONY: run cluster test lint chaos bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(PY) manage.py run_embedded
+
+# The distributed mode on this machine (production settings; PostgreSQL and Redis must be running).
+cluster: $(STAMP)
+	$(PY) manage.py run_cluster
 
 test: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run > /dev/null

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +72,18 @@ class Child:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def first_taken_port(ports: list[int]) -> int | None:
+    """The first of these ports on 127.0.0.1 that something already listens on, if any."""
+    for number in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", number))
+            except OSError:
+                return number
+    return None
 
 
 def python(*args: str) -> list[str]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 from playwright.sync_api import expect
 
 from console.models import Role
 from sandbox.client import effects
-from tests.conftest import AGENT_TOKEN, make_user
-from tests.stack import FullStack
+from tests.conftest import make_user
+from tests.stack import FullStack, HttpAgent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -23,42 +22,6 @@ def stack(request):
     stack = FullStack(worker_queues=queues).start()
     yield stack
     stack.stop()
-
-
-class Agent:
-    """An agent using the HTTP API with its bearer token, as any agent would."""
-
-    def __init__(self, base_url: str) -> None:
-        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {AGENT_TOKEN}"}, timeout=30)
-
-    def post(self, path: str, body: dict) -> dict:
-        response = self.http.post(path, json=body)
-        assert response.status_code < 300, response.text
-        return response.json()
-
-    def running_task(self) -> tuple[str, int, int]:
-        task = self.post("/api/v1/tasks", {"task_type": "refund", "goal": "Refund the broken kettle"})
-        token = self.post(f"/api/v1/tasks/{task['task_id']}/lease", {"owner": "agent-1", "ttl_seconds": 300})[
-            "fencing_token"]
-        version = task["version"]
-        for to in ("planning", "running"):
-            version = self.post(f"/api/v1/tasks/{task['task_id']}/transition",
-                                {"to": to, "expected_version": version, "fencing_token": token})["version"]
-        return task["task_id"], version, token
-
-    def refund(self, task_id: str, version: int, token: int, *, order_id: str, amount: float) -> dict:
-        return self.post(f"/api/v1/tasks/{task_id}/calls", {
-            "call_id": f"call-{order_id}", "step_id": "refund", "tool": "payments.refund",
-            "arguments": {"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "broken"},
-            "expected_version": version, "fencing_token": token})
-
-    def wait_for(self, call_id: str, task_id: str, status: str) -> dict:
-        answer = {}
-        for _ in range(10):
-            answer = self.http.get(f"/api/v1/calls/{call_id}", params={"wait": 10, "task_id": task_id}).json()
-            if answer["status"] == status:
-                return answer
-        raise AssertionError(f"{call_id} never became {status}: {answer}")
 
 
 def log_in(page, base_url: str, username: str) -> None:
@@ -76,9 +39,9 @@ def test_a_reviewer_approves_a_live_request_by_keyboard_and_the_refund_happens_o
     page.goto(stack.url + "/approvals/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
 
-    api = Agent(stack.url)
-    task_id, version, token = api.running_task()
-    proposal = api.refund(task_id, version, token, order_id="ord-kettle-1", amount=120)
+    api = HttpAgent(stack.url)
+    task = api.running_task()
+    proposal = api.refund(task, order_id="ord-kettle-1", amount=120)
     assert proposal["decision"] == "awaiting_approval"
     row = page.locator(f"#approval-{proposal['approval_id']}")
     expect(row).to_be_visible()  # arrived live, no reload
@@ -93,7 +56,7 @@ def test_a_reviewer_approves_a_live_request_by_keyboard_and_the_refund_happens_o
     screenshot(page, "full-stack-approved-confirmed")
 
     assert len(effects(stack.payments.base_url, key=proposal["operation_id"])) == 1
-    assert api.wait_for(proposal["call_id"], task_id, "confirmed")["receipt"]["amount"] == 120
+    assert api.final(proposal["call_id"], task[0])["receipt"]["amount"] == 120
 
 
 @pytest.mark.parametrize("stack", ["fast"], indirect=True)  # no reconciler: the person resolves it
@@ -104,9 +67,9 @@ def test_support_resolves_a_timeout_after_commit_live_and_the_agent_sees_confirm
     page.goto(stack.url + "/operations/unknown/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
 
-    api = Agent(stack.url)
-    task_id, version, token = api.running_task()
-    proposal = api.refund(task_id, version, token, order_id="fault-timeout-after-commit-kettle", amount=30)
+    api = HttpAgent(stack.url)
+    task = api.running_task()
+    proposal = api.refund(task, order_id="fault-timeout-after-commit-kettle", amount=30)
     assert proposal["decision"] == "dispatched"
     row = page.locator(f"#op-{proposal['operation_id']}")
     expect(row).to_be_visible(timeout=30_000)  # the timeout made it unknown; it arrived live
@@ -125,4 +88,4 @@ def test_support_resolves_a_timeout_after_commit_live_and_the_agent_sees_confirm
     page.goto(stack.url + "/operations/unknown/")
     expect(page.locator(f"#op-{proposal['operation_id']}")).to_have_count(0)
     assert len(effects(stack.payments.base_url, key=proposal["operation_id"])) == 1
-    assert api.wait_for(proposal["call_id"], task_id, "confirmed")["status"] == "confirmed"
+    assert api.final(proposal["call_id"], task[0])["status"] == "confirmed"

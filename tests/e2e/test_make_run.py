@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from console.lib.procs import wait_until
+from tests.stack import descendants
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,24 +36,6 @@ def four_free_ports() -> int:
             for sock in sockets:
                 sock.close()
     raise RuntimeError("no four consecutive free ports")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process whose ancestry leads to pid (children re-parent nowhere while it lives)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(entry.name)] = int(fields[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def alive(pid: int) -> bool:
