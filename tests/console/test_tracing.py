@@ -66,9 +66,8 @@ def test_django_and_a_real_celery_worker_export_linked_spans_flushed_on_shutdown
     per task a Celery span with dispatch, provider.call and reconcile under it, carrying the IDs.
     The batch delay is a minute, so spans can arrive only through the flush at shutdown."""
     from runs.models import Span
-    from tests.browser.test_full_stack import Agent
     from tests.conftest import AGENT_TOKEN
-    from tests.stack import FullStack
+    from tests.stack import FullStack, HttpAgent
 
     stack = FullStack(worker_queues="fast,slow", env={
         "OTEL_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": live_server.url,
@@ -76,11 +75,12 @@ def test_django_and_a_real_celery_worker_export_linked_spans_flushed_on_shutdown
         "OTEL_BSP_SCHEDULE_DELAY": "60000",
     }).start()
     try:
-        api = Agent(stack.url)
-        task_id, version, token = api.running_task()
+        api = HttpAgent(stack.url)
+        task = api.running_task()
+        task_id = task[0]
         # The effect commits and the reply is lost: unknown, then the reconciler finds it.
-        proposal = api.refund(task_id, version, token, order_id="fault-lost-reply-otel", amount=30)
-        api.wait_for(proposal["call_id"], task_id, "confirmed")
+        proposal = api.refund(task, order_id="fault-lost-reply-otel", amount=30)
+        assert api.final(proposal["call_id"], task_id)["status"] == "confirmed"
         assert not Span.objects.filter(name="provider.call").exists()  # still in the worker's batch
     finally:
         stack.stop()
@@ -94,7 +94,7 @@ def test_django_and_a_real_celery_worker_export_linked_spans_flushed_on_shutdown
     assert dispatch and provider and len(reconcile) == 1, sorted({s.name for s in _stored()})
     for span in [*dispatch, *provider, *reconcile]:
         assert (span.task_id, span.step_id, span.call_id, span.operation_id) == (
-            task_id, "refund", proposal["call_id"], op), span.name
+            task_id, "refund-fault-lost-reply-otel", proposal["call_id"], op), span.name
         parent = Span.objects.get(trace_id=span.trace_id, span_id=span.parent_span_id)
         if span.name == "provider.call":
             assert parent.name == "dispatch"
