@@ -62,6 +62,9 @@ class HttpToolAdapter:
             secret = credential(tool.credential_ref)
             if secret is None:
                 raise LookupError(f"the credential {tool.credential_ref} is not set in the worker's environment")
+            if any(ch in secret for ch in "\r\n\0"):
+                # Refused here, before anything is sent, and without repeating the value.
+                raise ValueError(f"the credential {tool.credential_ref} is not a valid header value")
             headers[tool.credential_header] = f"{tool.credential_scheme} {secret}".strip()
         return headers
 
