@@ -100,7 +100,7 @@ class HttpToolAdapter:
             return send(lambda: client.send(request), on_success=on_success)
 
     def _receipt(self, body: Any, *, code: int | str, via: str | None = None) -> dict[str, Any]:
-        receipt: dict[str, Any] = {"provider": self.tool.name, "status": code}
+        receipt: dict[str, Any] = {"provider": self.tool.name, "http_status": code}
         for name, path in (self.tool.receipt_fields or {}).items():
             value = pick(body, path)
             if value is not _MISSING:

@@ -75,7 +75,7 @@ def test_a_tool_defined_only_in_the_admin_runs_through_a_real_worker(stack, tick
     assert request.headers["Authorization"] == f"Bearer {TOKEN}"
     assert request.headers["X-Api-Version"] == "2024-06-01"
     assert request.body == {"title": "Kettle broken", "body": "Customer asks for a refund."}
-    assert answer["receipt"] == {"provider": "tickets.create", "status": 201, "remote_id": "T-1", "queue": "billing/eu"}
+    assert answer["receipt"] == {"provider": "tickets.create", "http_status": 201, "remote_id": "T-1", "queue": "billing/eu"}
     operation = Operation.objects.get(pk=proposal["operation_id"])
     assert operation.result == {"ticket.id": "T-1", "ticket.status": "open"}
     # The credential lived in the worker's environment only.

@@ -46,7 +46,7 @@ def test_it_sends_the_configured_request_with_the_key_and_credential_and_picks_r
     assert req.headers["Authorization"] == "Bearer tok-123"
     assert req.headers["X-Api-Version"] == "2024-06-01"
     assert req.body == {"title": "Refund", "body": "x"}  # what the URL does not name
-    assert outcome.receipt == {"provider": "tickets.create", "status": 201, "remote_id": "T-1", "queue": "billing"}
+    assert outcome.receipt == {"provider": "tickets.create", "http_status": 201, "remote_id": "T-1", "queue": "billing"}
     assert outcome.result == {"ticket.id": "T-1", "ticket.status": "open"}
     assert "tok-123" not in repr(outcome.as_evidence())
 
@@ -84,7 +84,7 @@ def test_a_timeout_after_the_server_committed_is_unknown_like_a_built_in_tool(to
     server.release()
     answer = adapter_for(tool).query(key="op-6", timeout=5)
     assert answer.state == FOUND
-    assert answer.receipt == {"provider": "tickets.create", "status": "query", "remote_id": "T-1", "queue": "q",
+    assert answer.receipt == {"provider": "tickets.create", "http_status": "query", "remote_id": "T-1", "queue": "q",
                               "via": "query"}
 
 
