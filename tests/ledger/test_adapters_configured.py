@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.models import Tool
+from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from approvals.tools import tool_save
 from ledger.adapters import adapter_for, get_adapter
 from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING
 from ledger.adapters.configured import HttpToolAdapter
-from ledger.models import Fact
+from ledger.decisions import approval_approve
+from ledger.dispatcher import run_dispatch
+from ledger.models import Fact, Operation, OperationStatus
+from ledger.proposals import call_propose
+from tests.fixtures.api import start_task
 from tests.fixtures.ticketserver import TicketServer
 from tests.fixtures.tools import ticket_tool_fields
+
+pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
 
 @pytest.fixture
@@ -116,3 +122,24 @@ def test_a_get_tool_puts_unnamed_arguments_in_the_query(tool, server):
     HttpToolAdapter(tool).execute({"queue": "k", "priority": 2, "title": "a b&c=d"}, key="op-10", timeout=5)
     [req] = server.requests
     assert req.query == {"priority": ["2"], "title": ["a b&c=d"]} and req.body is None
+
+
+def test_an_approval_given_before_the_tools_url_changed_is_invalidated_and_nothing_is_sent(
+        tool, server, agent, reviewer, enqueued):
+    tool.base_tier = 2
+    tool_save(tool=tool)
+    agent.allowed_tools.add(tool)
+    run = start_task(agent)
+    proposal = call_propose(principal=agent, task_id=run.task_id, call_id="c1", step_id="s1",
+                            tool_name="tickets.create", arguments={"queue": "q", "title": "t"},
+                            expected_version=run.version, fencing_token=run.fencing_token)
+    assert proposal.decision == "awaiting_approval"
+
+    tool.http_url = server.url + "/v2/queues/{queue}/tickets"  # an administrator points it elsewhere
+    tool_save(tool=tool)
+    approval_approve(approval_id=proposal.approval_id, reviewer=reviewer)  # approving what they saw
+    run_dispatch(proposal.operation_id, worker="test")
+
+    assert Operation.objects.get(pk=proposal.operation_id).status == OperationStatus.CANCELLED
+    assert ApprovalRequest.objects.get(pk=proposal.approval_id).status == ApprovalStatus.INVALIDATED
+    assert server.requests == []
