@@ -14,6 +14,7 @@ from approvals.models import (
 )
 from approvals.tools import tool_config_errors, tool_save
 from console.lib.admin import ReadOnlyAdmin
+from ledger.adapters import ADAPTERS, HTTP_ADAPTER
 
 
 class EscalationRuleInline(admin.TabularInline):
@@ -33,6 +34,9 @@ class ToolAdminForm(forms.ModelForm):
         cleaned = super().clean()
         candidate = Tool(**{field.name: cleaned.get(field.name, getattr(self.instance, field.name))
                             for field in Tool._meta.concrete_fields if field.name != "id"})
+        known = {*ADAPTERS, HTTP_ADAPTER}
+        if candidate.adapter and candidate.adapter not in known:
+            self.add_error("adapter", f"No adapter {candidate.adapter!r}; known: {', '.join(sorted(known))}.")
         for field, messages in tool_config_errors(candidate).items():
             for message in messages:
                 self.add_error(field if field in self.fields else None, message)

@@ -150,3 +150,9 @@ def test_the_admin_shows_the_credentials_name_never_a_value(admin_client, monkey
     page = admin_client.get(f"/admin/approvals/tool/{tool.pk}/change/").content.decode()
     assert "TICKETS_API_TOKEN" in page
     assert "s3cret-value-in-the-environment" not in page
+
+
+def test_the_admin_form_refuses_an_adapter_nobody_knows(admin_client):
+    response = admin_client.post("/admin/approvals/tool/add/",
+                                 admin_form_data(ticket_tool_fields(BASE, adapter="htpp")))
+    assert "No adapter 'htpp'" in " ".join(response.context["adminform"].form.errors["adapter"])
