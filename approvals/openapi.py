@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin
 
+import yaml  # PyYAML, installed with drf-spectacular
+
 from approvals.models import HttpMethod, Tool
 from console.lib.urltemplate import NAME
 from console.models import RiskTier
@@ -53,10 +55,6 @@ def load(text: str) -> dict[str, Any]:
     try:
         document = json.loads(text)
     except ValueError:
-        try:
-            import yaml  # optional: YAML documents when PyYAML is installed
-        except ImportError:
-            raise OpenApiError("The document is not JSON (install PyYAML to read YAML).") from None
         try:
             document = yaml.safe_load(text)
         except yaml.YAMLError as exc:
