@@ -7,20 +7,20 @@ effect at the provider."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from django.contrib.auth import get_user_model
 
 from approvals.models import Tool
 from console.lib.procs import wait_until
 from ledger.models import Operation, OperationStatus
-from ledger.reconcile import run_reconcile
-from ledger.sweeper import run_sweep
 from tests.browser.test_full_stack import Agent
 from tests.factories import events_of
 from tests.fixtures.ticketserver import TicketServer
-from tests.fixtures.tools import admin_form_data, ticket_tool_fields
+from tests.fixtures.tools import (
+    admin_form_data,
+    kill_worker_then_sweep_and_reconcile,
+    ticket_tool_fields,
+)
 from tests.stack import FullStack
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -101,17 +101,8 @@ def test_a_worker_killed_during_the_call_ends_unknown_then_confirmed_with_one_ef
     proposal = open_ticket(api, call_id="call-ticket-kill", title="hang: the worker dies meanwhile")
     operation_id = proposal["operation_id"]
     wait_until(lambda: len(tickets.created()) == 1, timeout=60, what="the worker's request at the server")
-    stack.worker.signal(signal.SIGKILL)  # mid-call: the server has committed, nobody will hear the reply
-    wait_until(lambda: not stack.worker.alive, timeout=10, what="the worker to die")
-    assert Operation.objects.get(pk=operation_id).status == OperationStatus.DISPATCHED
-
-    # The sweeper finds the dispatch past its deadline; the reconciler asks the provider.
-    def swept() -> bool:
-        run_sweep()
-        return Operation.objects.get(pk=operation_id).status == OperationStatus.UNKNOWN
-
-    wait_until(swept, timeout=30, what="the sweeper to mark the lost dispatch unknown")
-    assert run_reconcile(operation_id, worker="test") == "confirmed"
+    # Mid-call: the server has committed, nobody will hear the reply.
+    assert kill_worker_then_sweep_and_reconcile(stack, operation_id) == "confirmed"
     operation = Operation.objects.get(pk=operation_id)
     assert operation.status == OperationStatus.CONFIRMED and operation.receipt["via"] == "query"
     assert len(tickets.created()) == 1 and len(tickets.tickets) == 1
