@@ -13,15 +13,15 @@ from django.contrib.auth import get_user_model
 from approvals.models import Tool
 from console.lib.procs import wait_until
 from ledger.models import Operation, OperationStatus
-from tests.browser.test_full_stack import Agent
 from tests.factories import events_of
 from tests.fixtures.ticketserver import TicketServer
 from tests.fixtures.tools import (
     admin_form_data,
+    confirmed,
     kill_worker_then_sweep_and_reconcile,
     ticket_tool_fields,
 )
-from tests.stack import FullStack
+from tests.stack import FullStack, HttpAgent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -54,7 +54,7 @@ def admin_defined_tool(client, tickets, agent) -> Tool:
     return tool
 
 
-def open_ticket(api: Agent, *, call_id: str, title: str) -> dict:
+def open_ticket(api: HttpAgent, *, call_id: str, title: str) -> dict:
     task_id, version, token = api.running_task()
     proposal = api.post(f"/api/v1/tasks/{task_id}/calls", {
         "call_id": call_id, "step_id": "ticket", "tool": "tickets.create",
@@ -65,9 +65,9 @@ def open_ticket(api: Agent, *, call_id: str, title: str) -> dict:
 
 
 def test_a_tool_defined_only_in_the_admin_runs_through_a_real_worker(stack, tickets, admin_defined_tool):
-    api = Agent(stack.url)
+    api = HttpAgent(stack.url)
     proposal = open_ticket(api, call_id="call-ticket-1", title="Kettle broken")
-    answer = api.wait_for(proposal["call_id"], proposal["task_id"], "confirmed")
+    answer = confirmed(api, proposal)
 
     [request] = tickets.created()
     assert request.raw_path == "/queues/billing%2Feu/tickets" and request.query == {"priority": ["2"]}
@@ -84,9 +84,9 @@ def test_a_tool_defined_only_in_the_admin_runs_through_a_real_worker(stack, tick
 
 
 def test_a_timeout_after_the_server_committed_is_reconciled_by_the_status_query(stack, tickets, admin_defined_tool):
-    api = Agent(stack.url)
+    api = HttpAgent(stack.url)
     proposal = open_ticket(api, call_id="call-ticket-hang", title="hang: the reply never comes")
-    answer = api.wait_for(proposal["call_id"], proposal["task_id"], "confirmed")
+    answer = confirmed(api, proposal)
 
     assert answer["receipt"]["via"] == "query" and answer["receipt"]["remote_id"] == "T-1"
     story = [e.to_status for e in events_of(Operation.EVENT_ENTITY, proposal["operation_id"])]
@@ -97,7 +97,7 @@ def test_a_timeout_after_the_server_committed_is_reconciled_by_the_status_query(
 def test_a_worker_killed_during_the_call_ends_unknown_then_confirmed_with_one_effect(stack, tickets, admin_defined_tool,
                                                                                   monkeypatch):
     monkeypatch.setenv("TICKETS_API_TOKEN", TOKEN)  # this process sweeps and reconciles, as the worker would
-    api = Agent(stack.url)
+    api = HttpAgent(stack.url)
     proposal = open_ticket(api, call_id="call-ticket-kill", title="hang: the worker dies meanwhile")
     operation_id = proposal["operation_id"]
     wait_until(lambda: len(tickets.created()) == 1, timeout=60, what="the worker's request at the server")

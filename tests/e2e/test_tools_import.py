@@ -14,10 +14,9 @@ from django.core.management import call_command
 from console.lib.procs import wait_until
 from ledger.models import Operation
 from sandbox.client import effects
-from tests.browser.test_full_stack import Agent
 from tests.factories import events_of
-from tests.fixtures.tools import kill_worker_then_sweep_and_reconcile
-from tests.stack import FullStack
+from tests.fixtures.tools import confirmed, kill_worker_then_sweep_and_reconcile
+from tests.stack import FullStack, HttpAgent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -29,7 +28,7 @@ def stack():
     stack.stop()
 
 
-def refund(api: Agent, *, order_id: str, amount: float) -> dict:
+def refund(api: HttpAgent, *, order_id: str, amount: float) -> dict:
     task_id, version, token = api.running_task()
     proposal = api.post(f"/api/v1/tasks/{task_id}/calls", {
         "call_id": f"call-{order_id}", "step_id": "refund", "tool": "pay.createRefund",
@@ -43,16 +42,16 @@ def test_the_imported_refund_runs_and_a_timeout_after_commit_is_reconciled_to_on
     # Tier 1, so the calls run at once; 2 s, shorter than the sandbox's 8 s hang.
     call_command("tools_import", "openapi", stack.payments.base_url + "/openapi.json", "--prefix", "pay",
                  "--enable", "--tier", "1", "--timeout", "2", stdout=StringIO())
-    api = Agent(stack.url)
+    api = HttpAgent(stack.url)
 
     plain = refund(api, order_id="ord-imported-1", amount=12.5)
-    answer = api.wait_for(plain["call_id"], plain["task_id"], "confirmed")
+    answer = confirmed(api, plain)
     [effect] = effects(stack.payments.base_url, key=plain["operation_id"])  # the key went in Idempotency-Key
     assert answer["receipt"]["remote_id"] == effect["payload"]["id"]
     assert (answer["receipt"]["http_status"], answer["receipt"]["amount"]) == (201, 12.5)
 
     late = refund(api, order_id="fault-timeout-after-commit-imported", amount=30)
-    answer = api.wait_for(late["call_id"], late["task_id"], "confirmed")
+    answer = confirmed(api, late)
     story = [event.to_status for event in events_of(Operation.EVENT_ENTITY, late["operation_id"])]
     assert story[-2:] == ["unknown", "confirmed"], story
     assert answer["receipt"]["via"] == "query"
@@ -65,7 +64,7 @@ def test_a_worker_killed_while_the_imported_refund_hangs_after_commit_leaves_one
     # kill follows the commit within one poll, while the worker still waits for the reply.
     call_command("tools_import", "openapi", stack.payments.base_url + "/openapi.json", "--prefix", "pay",
                  "--enable", "--tier", "1", "--timeout", "6", stdout=StringIO())
-    api = Agent(stack.url)
+    api = HttpAgent(stack.url)
     proposal = refund(api, order_id="fault-timeout-after-commit-killed", amount=40)
     operation_id = proposal["operation_id"]
     wait_until(lambda: effects(stack.payments.base_url, key=operation_id), timeout=60,
