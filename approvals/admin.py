@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 
 from approvals.models import (
@@ -11,7 +12,9 @@ from approvals.models import (
     PolicyTier,
     Tool,
 )
+from approvals.tools import tool_config_errors, tool_save
 from console.lib.admin import ReadOnlyAdmin
+from ledger.adapters import ADAPTERS, HTTP_ADAPTER
 
 
 class EscalationRuleInline(admin.TabularInline):
@@ -19,12 +22,39 @@ class EscalationRuleInline(admin.TabularInline):
     extra = 0
 
 
+class ToolAdminForm(forms.ModelForm):
+    """The tool's configuration is checked as a whole (approvals.tools), and each problem is
+    shown on the field it is about."""
+
+    class Meta:
+        model = Tool
+        fields = "__all__"  # noqa: DJ007 - the admin passes its own list (every field but schema_version)
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        candidate = Tool(**{field.name: cleaned.get(field.name, getattr(self.instance, field.name))
+                            for field in Tool._meta.concrete_fields if field.name != "id"})
+        known = {*ADAPTERS, HTTP_ADAPTER}
+        if candidate.adapter and candidate.adapter not in known:
+            self.add_error("adapter", f"No adapter {candidate.adapter!r}; known: {', '.join(sorted(known))}.")
+        for field, messages in tool_config_errors(candidate).items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, message)
+        return cleaned
+
+
 @admin.register(Tool)
 class ToolAdmin(admin.ModelAdmin):
-    list_display = ["name", "kind", "base_tier", "idempotency", "queue", "schema_version", "enabled"]
-    list_filter = ["kind", "base_tier", "idempotency", "queue", "enabled"]
+    form = ToolAdminForm
+    list_display = ["name", "adapter", "kind", "base_tier", "idempotency", "queue", "schema_version", "enabled"]
+    list_filter = ["adapter", "kind", "base_tier", "idempotency", "queue", "enabled"]
     search_fields = ["name", "description"]
+    # Bumped by tool_save when the schema or the request's shape changes, never typed.
+    readonly_fields = ["schema_version"]
     inlines = [EscalationRuleInline]
+
+    def save_model(self, request, obj: Tool, form, change: bool) -> None:
+        tool_save(tool=obj)
 
 
 @admin.register(PolicyTier)

@@ -9,6 +9,15 @@ from django.utils import timezone
 from console.models import Event, RiskTier
 
 
+class HttpMethod(models.TextChoices):
+    GET = "GET"
+    HEAD = "HEAD"
+    POST = "POST"
+    PUT = "PUT"
+    PATCH = "PATCH"
+    DELETE = "DELETE"
+
+
 class Tool(models.Model):
     class Kind(models.TextChoices):
         READ = "read"
@@ -51,6 +60,40 @@ class Tool(models.Model):
     backoff_base_seconds = models.FloatField(default=0.5)
     backoff_cap_seconds = models.FloatField(default=30.0)
     enabled = models.BooleanField(default=True)
+
+    # -- a tool configured as data (adapter "http"; validated by approvals.tools.tool_config_errors) --
+    # The request: method and URL template ({argument} placeholders; arguments not named in the
+    # URL go into the JSON body, or into the query for a method without a body).
+    http_method = models.CharField(max_length=7, choices=HttpMethod.choices, blank=True)
+    http_url = models.CharField(
+        max_length=2000, blank=True,
+        help_text="URL template, e.g. https://api.example.com/orders/{order_id}/refunds?notify={notify}. "
+                  "Placeholders name arguments; they are allowed in the path and the query only.",
+    )
+    http_headers = models.JSONField(
+        default=dict, blank=True, help_text='Static headers, e.g. {"Accept": "application/json"}. No secrets here.')
+    key_header = models.CharField(
+        max_length=100, blank=True,
+        help_text="Header that carries the operation's idempotency key, e.g. Idempotency-Key. Empty: none is sent.")
+    # Credentials by reference only: the *name* of an environment variable or Django setting,
+    # read by the worker at call time. The value is never stored or shown.
+    credential_ref = models.CharField(
+        max_length=100, blank=True,
+        help_text="Name of the environment variable (or setting) holding the credential, e.g. TICKETS_API_TOKEN.")
+    credential_header = models.CharField(max_length=100, blank=True, default="Authorization")
+    credential_scheme = models.CharField(
+        max_length=30, blank=True, default="Bearer", help_text="Written before the credential, e.g. Bearer.")
+    status_query = models.JSONField(
+        default=dict, blank=True,
+        help_text='How to ask the provider about a key: {"url": "https://…/by-key/{key}", '
+                  '"found": {"status": 200, "field": "state", "equals": "succeeded"}, '
+                  '"processing": {…}, "absent": {"status": 404}, "object": "refund"}. Empty: cannot ask.',
+    )
+    receipt_fields = models.JSONField(
+        default=dict, blank=True,
+        help_text='Receipt name → dotted path in the JSON answer, e.g. {"remote_id": "id", "amount": "amount"}.')
+    result_fields = models.JSONField(
+        default=list, blank=True, help_text='Dotted paths kept as the result, e.g. ["id", "status"]. Empty: the whole answer.')
 
     def __str__(self) -> str:
         return self.name

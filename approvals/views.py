@@ -34,7 +34,7 @@ from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
 from console.lib.htmx import wants_fragment
 from ledger import decisions
-from ledger.adapters import get_adapter
+from ledger.adapters import adapter_for
 from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
 
@@ -101,7 +101,7 @@ def _preview(approval: ApprovalRequest) -> dict[str, Any] | None:
     if not tool.has_preview:
         return None
     try:
-        preview = get_adapter(tool.adapter).preview(approval.operation.arguments)
+        preview = adapter_for(tool).preview(approval.operation.arguments)
     except LookupError:
         return None
     preview = selectors.masked_preview(preview, tool.secret_fields)

@@ -27,7 +27,7 @@ from console.lib import sql
 from console.lib.locks import lock_name
 from console.tracing import tracer
 from ledger import decisions, services, tasks
-from ledger.adapters import get_adapter
+from ledger.adapters import adapter_for
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
 from ledger.queries import STILL_MINE_SQL as _STILL_MINE_SQL
@@ -198,7 +198,7 @@ def _retry_exhausted(operation: Operation, tool: Tool, *, now) -> str | None:
 def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int]:
     """Step 6, outside any transaction."""
     tool = operation.tool
-    adapter = get_adapter(tool.adapter)
+    adapter = adapter_for(tool)
     started = time.monotonic()
     attributes = {
         "countersign.operation_id": operation.operation_id, "countersign.task_id": operation.task_id,

@@ -17,7 +17,7 @@ from console.lib.errors import Conflict
 from console.models import Event
 from console.tracing import tracer
 from ledger import services
-from ledger.adapters import get_adapter
+from ledger.adapters import adapter_for
 from ledger.adapters.base import ABSENT, FOUND, PROCESSING
 from ledger.models import Operation, OperationStatus
 
@@ -40,7 +40,7 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
     if operation.status != OperationStatus.UNKNOWN:
         return f"noop:{operation.status}"
     tool = operation.tool
-    adapter = get_adapter(tool.adapter)
+    adapter = adapter_for(tool)
     attributes = {"countersign.operation_id": operation_id, "countersign.task_id": operation.task_id,
                   "gen_ai.tool.name": tool.name, "gen_ai.tool.call.id": operation.call_id}
     token = operation.fencing_token

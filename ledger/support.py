@@ -36,7 +36,7 @@ from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound, No
 from console.lib.transitions import record_event
 from console.models import Event, Membership, Role
 from ledger import services
-from ledger.adapters import get_adapter
+from ledger.adapters import adapter_for
 from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer
 from ledger.models import Operation, OperationStatus
 
@@ -131,7 +131,7 @@ def _as_resolution_conflict(operation_id: str, exc: Conflict) -> Conflict:
 
 def _can_ask(tool: Tool) -> bool:
     try:
-        adapter = get_adapter(tool.adapter)
+        adapter = adapter_for(tool)
     except LookupError:
         return False
     return adapter.can_query and tool.idempotency != Tool.Idempotency.NONE
@@ -145,7 +145,7 @@ def _ask_provider(operation: Operation) -> tuple[QueryAnswer, datetime, int]:
     if not _can_ask(tool):
         answer = QueryAnswer(UNSUPPORTED, raw={"note": f"{tool.name} cannot be asked about a key"})
     else:
-        answer = get_adapter(tool.adapter).query(key=operation.idempotency_key, timeout=tool.timeout_seconds)
+        answer = adapter_for(tool).query(key=operation.idempotency_key, timeout=tool.timeout_seconds)
     return answer, asked_at, int((time.monotonic() - started) * 1000)
 
 

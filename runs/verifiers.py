@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from ledger.adapters import get_adapter
+from ledger.adapters import adapter_for
 from ledger.adapters.base import FOUND
 from ledger.models import Operation, OperationStatus
 from runs.models import Task
@@ -76,7 +76,7 @@ def verify_mail_delivered(task: Task, criterion: dict[str, Any]) -> Verdict:
         approved = sorted(op.arguments.get("to") or [])
         if wanted and approved != wanted:
             continue
-        answer = get_adapter(op.tool.adapter).query(key=op.idempotency_key, timeout=op.tool.timeout_seconds)
+        answer = adapter_for(op.tool).query(key=op.idempotency_key, timeout=op.tool.timeout_seconds)
         evidence = {"operation_id": op.operation_id, "query": answer.state, "provider": answer.raw}
         if answer.state != FOUND:
             return Verdict(PENDING if answer.state in ("processing", "error") else FAILED, evidence)

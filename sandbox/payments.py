@@ -7,6 +7,7 @@
   ``Idempotent-Replayed: true``. Validation errors are 400, no effect, and stored for the key.
 - ``GET /refunds/by-key/<key>``, ``GET /refunds/<id>``: queries for reconciliation.
 - ``GET /orders/<order_id>``: a deterministic fake order for the read-only lookup tool.
+- ``GET /openapi.json``: this API's OpenAPI document (payments_openapi.py).
 - Magic fault values are read from ``order_id`` (see faults.py).
 """
 
@@ -21,6 +22,7 @@ from decimal import Decimal, InvalidOperation
 from functools import partial
 from typing import Any
 
+from sandbox import payments_openapi
 from sandbox.faults import BEFORE_COMMIT, magic_fault_for_attempt, parse_magic
 from sandbox.store import Store, now_iso
 from sandbox.supervisor import add_common_arguments, bind, supervise
@@ -128,6 +130,8 @@ class PaymentsApp(SandboxApp):
             return self.refund_by_id(seg[1])
         if method == "GET" and len(seg) == 2 and seg[0] == "orders":
             return self.order(seg[1])
+        if method == "GET" and seg == ["openapi.json"]:
+            return Reply(200, payments_openapi.document(currencies=CURRENCIES))
         return None
 
     # -- POST /refunds ---------------------------------------------------------------------

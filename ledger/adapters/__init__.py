@@ -1,9 +1,12 @@
-"""Tool adapters by name. A Tool row names its adapter; the code that talks to the provider
-lives here."""
+"""Tool adapters. A Tool row names its adapter: a built-in one, whose code talks to its provider
+here, or `http`, a tool described by data whose adapter is built from the row itself."""
 
 from __future__ import annotations
 
+from approvals.models import Tool
+from approvals.tools import HTTP_ADAPTER
 from ledger.adapters.base import Adapter
+from ledger.adapters.configured import HttpToolAdapter
 from ledger.adapters.mail import MailAdapter
 from ledger.adapters.noop import NoopAdapter
 from ledger.adapters.payments import OrderLookupAdapter, RefundAdapter
@@ -18,4 +21,12 @@ def get_adapter(name: str) -> Adapter:
     try:
         return ADAPTERS[name]
     except KeyError:
-        raise LookupError(f"No adapter named {name!r}; known: {', '.join(sorted(ADAPTERS))}") from None
+        raise LookupError(f"No adapter named {name!r}; known: {', '.join(sorted(ADAPTERS))}"
+                          f" (and {HTTP_ADAPTER!r}, configured per tool)") from None
+
+
+def adapter_for(tool: Tool) -> Adapter:
+    """The adapter that executes this tool: built from its configuration for `http`."""
+    if tool.adapter == HTTP_ADAPTER:
+        return HttpToolAdapter(tool)
+    return get_adapter(tool.adapter)

@@ -443,3 +443,23 @@ def test_reset_forgets_everything(payments: SandboxProcess, unique: Unique) -> N
     assert client.effects(payments.base_url) == []
     assert client.get_faults(payments.base_url)["fault"] is None
     assert by_key(payments, key).status_code == 404
+
+
+# -- its own OpenAPI document ------------------------------------------------------------------
+
+
+def test_it_serves_an_openapi_document_whose_every_operation_it_answers(payments: SandboxProcess, unique: Unique):
+    document = httpx.get(f"{payments.base_url}/openapi.json", timeout=5.0).json()
+    assert document["openapi"].startswith("3.1")
+    key = unique("oas")
+    created = post_refund(payments, key, refund_body(unique("ord")))
+    samples = {"key": key, "refund_id": created.json()["id"], "order_id": unique("ord")}
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method == "post":
+                continue  # the refund, posted above
+            url = payments.base_url + path.format(**samples)
+            response = httpx.request(method.upper(), url, timeout=5.0)
+            assert str(response.status_code) in operation["responses"], (operation["operationId"], response.text)
+            assert response.status_code == 200, operation["operationId"]
+    assert str(created.status_code) in document["paths"]["/refunds"]["post"]["responses"]
