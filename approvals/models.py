@@ -147,6 +147,12 @@ class ApprovalRequest(models.Model):
     arguments_hash = models.CharField(max_length=64)
     tool_schema_version = models.PositiveIntegerField()
     requested_by = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="+")
+    # A call a person created (a compensation, an edit) names that person: they can never
+    # approve it (approvals.services.approval_give). Empty: the agent proposed it.
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The person who proposed this call; never one of its approvers. Empty: the agent did.",
+    )
     state_version = models.PositiveIntegerField(help_text="The task's version when the call was proposed.")
     risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
     escalation_reasons = models.JSONField(default=list, blank=True)

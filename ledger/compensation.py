@@ -78,6 +78,6 @@ def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name
         approval = approval_services.approval_request_create(
             operation=operation, task_type=task.task_type, call_id=call_id, state_version=task.version, risk_tier=tier,
             approvals_needed=policy.approvals_needed, ttl_seconds=policy.approval_ttl_seconds,
-            reasons=[f"compensates {original.operation_id}: {reason}", *reasons], actor=actor,
+            reasons=[f"compensates {original.operation_id}: {reason}", *reasons], actor=actor, proposed_by=user,
         )
     return operation, approval
