@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -51,9 +52,39 @@ class Tool(models.Model):
     backoff_base_seconds = models.FloatField(default=0.5)
     backoff_cap_seconds = models.FloatField(default=30.0)
     enabled = models.BooleanField(default=True)
+    compensation_rule = models.JSONField(
+        default=dict, blank=True,
+        help_text='Which tools may compensate this tool\'s effects, and which of their arguments must match '
+                  'the original call: {"payments.refund": {"order_id": "same", "currency": "same", '
+                  '"amount": "at_most"}}. "same": equal to the original\'s; "at_most": a number no larger. '
+                  "Empty: no compensating operation can be proposed; support settles such cases by hand.",
+    )
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        errors = compensation_rule_errors(self.compensation_rule)
+        if errors:
+            raise ValidationError({"compensation_rule": errors})
+
+
+COMPENSATION_CHECKS = ("same", "at_most")
+
+
+def compensation_rule_errors(rule: object) -> list[str]:
+    """What is wrong with a tool's compensation rule (empty: nothing)."""
+    if not isinstance(rule, dict):
+        return ['Expected an object: {"<compensating tool>": {"<argument>": "same" | "at_most"}}.']
+    errors = []
+    for tool_name, checks in rule.items():
+        if not isinstance(checks, dict):
+            errors.append(f"{tool_name}: expected an object of argument → check.")
+            continue
+        for argument, check in checks.items():
+            if check not in COMPENSATION_CHECKS:
+                errors.append(f"{tool_name}.{argument}: {check!r} is not one of {', '.join(COMPENSATION_CHECKS)}.")
+    return errors
 
 
 class PolicyTier(models.Model):
