@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -57,6 +58,7 @@ def approval_request_create(
     proposed_by: AbstractBaseUser | None = None,
 ) -> ApprovalRequest:
     """`proposed_by`: the person who created the call (a compensation), who may not approve it."""
+    now = timezone.now()
     with transaction.atomic():
         request = ApprovalRequest.objects.create(
             approval_id=new_id("apr"),
@@ -74,7 +76,10 @@ def approval_request_create(
             risk_tier=risk_tier,
             escalation_reasons=reasons,
             approvals_needed=approvals_needed,
-            expires_at=timezone.now() + timedelta(seconds=ttl_seconds),
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_seconds),
+            remind_at=now + timedelta(seconds=ttl_seconds * settings.APPROVAL_REMIND_SHARE),
+            escalate_at=now + timedelta(seconds=ttl_seconds * settings.APPROVAL_ESCALATE_SHARE),
         )
         record_event(
             entity=ApprovalRequest.EVENT_ENTITY, entity_id=request.approval_id, tenant_id=request.tenant_id,

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.notifications import notifications_plan_operation
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
 from console.live import ring_doorbell_on_commit
@@ -267,8 +268,9 @@ def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evi
                               fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
-                   guard=_token_guard(fencing_token), changes={"next_reconcile_at": None})
+        if transition(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
+                      guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
+            notifications_plan_operation(operation)  # support is told, on commit
     return operation
 
 
@@ -276,8 +278,9 @@ def operation_require_compensation(*, operation_id: str, actor: str, reason: str
                                    evidence: dict | None = None, fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason, evidence=evidence,
-                   guard=_token_guard(fencing_token), changes={"next_reconcile_at": None})
+        if transition(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason,
+                      evidence=evidence, guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
+            notifications_plan_operation(operation)  # support is told, on commit
     return operation
 
 
