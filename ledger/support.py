@@ -37,7 +37,7 @@ from console.lib.transitions import record_event
 from console.models import Event, Membership, Role
 from ledger import services
 from ledger.adapters import get_adapter
-from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer
+from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer, effect_differences
 from ledger.models import OPERATION_TERMINAL, Operation, OperationStatus
 
 PROVIDER_QUERY_ENTITY = Event.Entity.PROVIDER_QUERY
@@ -246,6 +246,12 @@ def support_confirm(*, operation_id: str, user: AbstractBaseUser, remote_id: str
             raise ProviderDenied(
                 f"The provider has {provider_id or 'another effect'} for this key, not {remote_id}.",
                 details={"field": "remote_id", "provider_remote_id": provider_id})
+        differences = effect_differences(get_adapter(operation.tool.adapter), operation.arguments, found)
+        if differences:
+            raise ProviderDenied(
+                "The provider's effect differs from what was approved: " + ", ".join(sorted(differences))
+                + ". Do not confirm it: propose a compensation instead.",
+                details={"field": "remote_id", "differences": differences})
         receipt = {**found, "via": "support", "entered_by": user_ref(user)}
     elif answer.state in (ABSENT, PROCESSING):
         raise ProviderDenied(

@@ -61,3 +61,16 @@ def test_the_proposer_cannot_approve_their_compensation_and_a_second_reviewer_ca
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "approved"
     assert list(ApprovalRequest.objects.get(pk=approval.pk).decisions.values_list("reviewer__username", flat=True)) \
         == ["reviewer"]
+
+
+def test_support_settles_a_compensation_case_with_evidence(live_server, page, screenshot, agent, support_user):
+    operation = make_operation(agent, status="compensation_required")
+    log_in(page, live_server.url, "support")
+    page.goto(f"{live_server.url}/operations/{operation.operation_id}/")
+    expect(page.locator("#compensate-form")).to_be_visible()
+    screenshot(page, "duties-compensation-required-exits")
+    page.fill("#id_compensated-evidence", "bank reversal TR-4411")
+    page.fill("#id_compensated-reason", "settled with the customer")
+    page.click("#compensated-button")
+    expect(page.locator("#resolved-note .badge")).to_have_text("compensated")
+    assert Operation.objects.get(pk=operation.pk).status == "compensated"

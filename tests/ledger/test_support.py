@@ -89,6 +89,18 @@ def test_it_refuses_to_confirm_a_remote_id_other_than_the_providers(agent, suppo
 
 
 @pytest.mark.django_db
+def test_it_refuses_to_confirm_an_effect_that_differs_from_the_approved_intent(agent, support_user, payments):
+    operation = make_operation(agent, status=S.MANUAL)
+    refund = refund_at_provider(payments, operation, amount=operation.arguments["amount"] + 100)
+    with pytest.raises(ProviderDenied, match="differs from what was approved: amount") as caught:
+        support.support_confirm(operation_id=operation.operation_id, user=support_user, remote_id=refund["id"],
+                                reason="found in the provider dashboard")
+    assert caught.value.details["differences"]["amount"]["found"] == operation.arguments["amount"] + 100
+    assert status_of(operation) == S.MANUAL
+    assert leaving_events(operation) == []
+
+
+@pytest.mark.django_db
 def test_it_confirms_with_the_receipt_when_the_provider_has_the_effect(agent, support_user, payments):
     operation = make_operation(agent, status=S.MANUAL)
     refund = refund_at_provider(payments, operation)
