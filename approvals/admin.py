@@ -84,7 +84,7 @@ class NotificationInline(admin.TabularInline):
     model = Notification
     extra = 0
     can_delete = False
-    fields = ["channel", "status", "attempts", "last_error", "next_attempt_at", "sent_at"]
+    fields = ["kind", "channel", "status", "attempts", "last_error", "next_attempt_at", "sent_at"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None) -> bool:
@@ -110,8 +110,8 @@ class ApprovalDecisionAdmin(ReadOnlyAdmin):
 
 @admin.register(NotificationChannel)
 class NotificationChannelAdmin(admin.ModelAdmin):
-    list_display = ["tier", "kind", "target", "tenant", "enabled", "description"]
-    list_filter = ["tier", "kind", "enabled", "tenant"]
+    list_display = ["audience", "tier", "kind", "target", "tenant", "enabled", "description"]
+    list_filter = ["audience", "tier", "kind", "enabled", "tenant"]
     list_editable = ["enabled"]
     search_fields = ["target", "description"]
 
@@ -120,6 +120,7 @@ class NotificationChannelAdmin(admin.ModelAdmin):
 class NotificationAdmin(ReadOnlyAdmin):
     """Deliveries are evidence: every failure stays visible (`errors`), nobody edits them."""
 
-    list_display = ["approval", "channel", "status", "attempts", "last_error", "next_attempt_at", "sent_at"]
-    list_filter = ["status", "channel__kind", "channel__tier"]
-    search_fields = ["approval__approval_id", "channel__target", "last_error"]
+    list_display = ["kind", "approval", "operation", "operation_status", "channel", "status", "attempts", "last_error",
+                    "next_attempt_at", "sent_at"]
+    list_filter = ["kind", "status", "channel__kind", "channel__tier"]
+    search_fields = ["approval__approval_id", "operation__operation_id", "channel__target", "last_error"]

@@ -60,12 +60,14 @@ DEFAULT_TOOLS = [
         json_schema=REFUND_SCHEMA, base_tier=1, kind=Tool.Kind.WRITE, idempotency=Tool.Idempotency.NATIVE,
         business_key="order_id", queue=Tool.Queue.FAST, timeout_seconds=5,
         retryable_errors=["rate_limited", "unavailable", "connect"], max_attempts=4,
+        compensation_rule={"payments.refund": {"order_id": "same", "currency": "same", "amount": "at_most"}},
     ),
     dict(
         name="mail.send", adapter="mail.send", description="Send an email (SMTP).",
         json_schema=MAIL_SCHEMA, base_tier=2, kind=Tool.Kind.WRITE, idempotency=Tool.Idempotency.QUERY,
         has_preview=True, queue=Tool.Queue.SLOW, timeout_seconds=5,
         retryable_errors=["rate_limited", "unavailable", "connect"], max_attempts=4,
+        compensation_rule={"mail.send": {"to": "same"}},
     ),
 ]
 
@@ -83,7 +85,10 @@ def ensure_policy_defaults() -> None:
         )
     for spec in DEFAULT_TOOLS:
         spec = dict(spec)
-        Tool.objects.get_or_create(name=spec.pop("name"), defaults=spec)
+        tool, created = Tool.objects.get_or_create(name=spec.pop("name"), defaults=spec)
+        if not created and not tool.compensation_rule and spec.get("compensation_rule"):
+            # A database seeded before tools had compensation rules gets the default one.
+            Tool.objects.filter(pk=tool.pk).update(compensation_rule=spec["compensation_rule"])
     for tool_name, path, comparison, value, tier, description in DEFAULT_RULES:
         EscalationRule.objects.get_or_create(
             tool=Tool.objects.get(name=tool_name), argument_path=path, comparison=comparison, value=value,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -60,6 +61,13 @@ class Tool(models.Model):
     backoff_base_seconds = models.FloatField(default=0.5)
     backoff_cap_seconds = models.FloatField(default=30.0)
     enabled = models.BooleanField(default=True)
+    compensation_rule = models.JSONField(
+        default=dict, blank=True,
+        help_text='Which tools may compensate this tool\'s effects, and which of their arguments must match '
+                  'the original call: {"payments.refund": {"order_id": "same", "currency": "same", '
+                  '"amount": "at_most"}}. "same": equal to the original\'s; "at_most": a number no larger. '
+                  "Empty: no compensating operation can be proposed; support settles such cases by hand.",
+    )
 
     # -- a tool configured as data (adapter "http"; validated by approvals.tools.tool_config_errors) --
     # The request: method and URL template ({argument} placeholders; arguments not named in the
@@ -97,6 +105,29 @@ class Tool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        errors = compensation_rule_errors(self.compensation_rule)
+        if errors:
+            raise ValidationError({"compensation_rule": errors})
+
+
+COMPENSATION_CHECKS = ("same", "at_most")
+
+
+def compensation_rule_errors(rule: object) -> list[str]:
+    """What is wrong with a tool's compensation rule (empty: nothing)."""
+    if not isinstance(rule, dict):
+        return ['Expected an object: {"<compensating tool>": {"<argument>": "same" | "at_most"}}.']
+    errors = []
+    for tool_name, checks in rule.items():
+        if not isinstance(checks, dict):
+            errors.append(f"{tool_name}: expected an object of argument → check.")
+            continue
+        for argument, check in checks.items():
+            if check not in COMPENSATION_CHECKS:
+                errors.append(f"{tool_name}.{argument}: {check!r} is not one of {', '.join(COMPENSATION_CHECKS)}.")
+    return errors
 
 
 class PolicyTier(models.Model):
@@ -190,6 +221,12 @@ class ApprovalRequest(models.Model):
     arguments_hash = models.CharField(max_length=64)
     tool_schema_version = models.PositiveIntegerField()
     requested_by = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="+")
+    # A call a person created (a compensation, an edit) names that person: they can never
+    # approve it (approvals.services.approval_give). Empty: the agent proposed it.
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The person who proposed this call; never one of its approvers. Empty: the agent did.",
+    )
     state_version = models.PositiveIntegerField(help_text="The task's version when the call was proposed.")
     risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
     escalation_reasons = models.JSONField(default=list, blank=True)
@@ -199,11 +236,22 @@ class ApprovalRequest(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     decided_at = models.DateTimeField(null=True, blank=True)
     superseded_by = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    # Undecided after a share of its time: its tier's reviewers are reminded, later the next
+    # tier's are told (approvals.notifications.notifications_remind_due). Set at creation.
+    remind_at = models.DateTimeField(null=True, blank=True)
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    reminded_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["tenant", "status", "expires_at"], name="approval_inbox_idx"),
             models.Index(fields=["status", "expires_at"], name="approval_sweep_idx"),
+            # The reminder sweep reads pending requests whose reminder or escalation is due.
+            models.Index(fields=["remind_at"], condition=models.Q(status="pending", reminded_at__isnull=True),
+                         name="approval_remind_idx"),
+            models.Index(fields=["escalate_at"], condition=models.Q(status="pending", escalated_at__isnull=True),
+                         name="approval_escalate_idx"),
             # One per inbox filter, over pending requests only (decided ones pile up forever;
             # the inbox never reads them): the filtered page and its COUNT are index scans.
             *[
@@ -242,17 +290,24 @@ class ApprovalDecision(models.Model):
 
 
 class NotificationChannel(models.Model):
-    """Where new pending requests of one tier are announced (webhook or email)."""
+    """Where reviewers hear of pending requests of one tier (new, reminders, escalations), or
+    where support staff hear of operations that need a person (webhook or email)."""
 
     class Kind(models.TextChoices):
         WEBHOOK = "webhook"
         EMAIL = "email"
 
+    class Audience(models.TextChoices):
+        REVIEWERS = "reviewers", "Reviewers (approval requests of one tier)"
+        SUPPORT = "support", "Support (operations that go manual or need compensation)"
+
     tenant = models.ForeignKey(
         "console.Tenant", on_delete=models.CASCADE, null=True, blank=True, related_name="notification_channels",
         help_text="Empty: requests of every tenant.",
     )
-    tier = models.PositiveSmallIntegerField(choices=RiskTier.choices, help_text="Requests of exactly this tier.")
+    audience = models.CharField(max_length=16, choices=Audience.choices, default=Audience.REVIEWERS)
+    tier = models.PositiveSmallIntegerField(choices=RiskTier.choices, null=True, blank=True,
+                                            help_text="Reviewers: requests of exactly this tier. Support: empty.")
     kind = models.CharField(max_length=8, choices=Kind.choices)
     target = models.CharField(max_length=500, help_text="The webhook's URL, or an email address.")
     enabled = models.BooleanField(default=True)
@@ -262,12 +317,14 @@ class NotificationChannel(models.Model):
         ordering = ["tier", "id"]
 
     def __str__(self) -> str:
-        return f"L{self.tier} {self.kind} → {self.target}"
+        who = f"L{self.tier}" if self.tier is not None else self.audience
+        return f"{who} {self.kind} → {self.target}"
 
     def clean(self) -> None:
+        if (self.audience == self.Audience.REVIEWERS) != (self.tier is not None):
+            raise ValidationError({"tier": "A reviewers' channel names its tier; a support channel has none."})
         # A target that can never be delivered to is refused where it is typed (the admin),
         # not discovered at the first pending request.
-        from django.core.exceptions import ValidationError
         from django.core.validators import EmailValidator, URLValidator
 
         validator = URLValidator(schemes=["http", "https"]) if self.kind == self.Kind.WEBHOOK else EmailValidator()
@@ -284,11 +341,23 @@ class NotificationStatus(models.TextChoices):
 
 
 class Notification(models.Model):
-    """One delivery of one approval request to one channel; every failed attempt is kept in
+    """One delivery of one alert to one channel — a new approval request, a reminder or an
+    escalation of one, or an operation that needs a person; every failed attempt is kept in
     `errors` (the broker may lose or repeat the task: this row decides)."""
 
+    class Kind(models.TextChoices):
+        REQUEST = "request", "New request"
+        REMINDER = "reminder", "Reminder"
+        ESCALATION = "escalation", "Escalation to the next tier"
+        OPERATION = "operation", "Operation needs a person"
+
     channel = models.ForeignKey(NotificationChannel, on_delete=models.PROTECT, related_name="notifications")
-    approval = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="notifications")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.REQUEST)
+    approval = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, null=True, blank=True,
+                                 related_name="notifications")
+    operation = models.ForeignKey("ledger.Operation", on_delete=models.PROTECT, null=True, blank=True,
+                                  related_name="+")
+    operation_status = models.CharField(max_length=32, blank=True, help_text="The status the operation moved to.")
     status = models.CharField(max_length=8, choices=NotificationStatus.choices, default=NotificationStatus.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     last_error = models.TextField(blank=True)
@@ -299,13 +368,16 @@ class Notification(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["channel", "approval"], name="notification_one_per_channel"),
+            models.UniqueConstraint(fields=["channel", "approval", "kind"], condition=models.Q(approval__isnull=False),
+                                    name="notification_one_per_channel"),
+            models.UniqueConstraint(fields=["channel", "operation", "operation_status"],
+                                    condition=models.Q(operation__isnull=False), name="notification_one_per_move"),
         ]
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="notification_due_idx")]
         ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
-        return f"{self.approval_id} → {self.channel} ({self.status})"
+        return f"{self.kind} {self.approval_id or self.operation_id} → {self.channel} ({self.status})"
 
 
 class PolicyGeneration(models.Model):

@@ -1,4 +1,8 @@
-"""Notifications of new pending approval requests, per tier (webhook or email).
+"""Notifications on the configured channels (webhook or email): reviewers hear of new pending
+approval requests of their tier, of requests still undecided after a share of their time
+(a reminder, then an escalation to the next tier's reviewers: `notifications_remind_due`), and
+support staff hear of operations that go `manual` or `compensation_required`
+(`notifications_plan_operation`, called by the ledger's transition in its transaction).
 
 `notifications_plan(approval)` runs inside the transaction that creates the request: it writes
 one `Notification` row (pending) per enabled channel of the request's tier and tenant, and
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from django.conf import settings
@@ -33,7 +37,14 @@ from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, Notification, NotificationChannel, NotificationStatus
+from approvals.models import (
+    ApprovalRequest,
+    ApprovalStatus,
+    Notification,
+    NotificationChannel,
+    NotificationStatus,
+)
+from console.models import RiskTier
 
 MAX_ERROR_CHARS = 1000
 
@@ -57,25 +68,79 @@ def approval_url(approval: ApprovalRequest) -> str:
     return public_base_url() + reverse("approvals:detail", args=[approval.approval_id])
 
 
-def channels_for(approval: ApprovalRequest):
+def channels_for(approval: ApprovalRequest, *, tier: int | None = None):
+    """The reviewers' channels of the request's tenant for its tier (or `tier`)."""
     return NotificationChannel.objects.filter(
-        Q(tenant__isnull=True) | Q(tenant_id=approval.tenant_id), enabled=True, tier=approval.risk_tier,
+        Q(tenant__isnull=True) | Q(tenant_id=approval.tenant_id), enabled=True,
+        audience=NotificationChannel.Audience.REVIEWERS,
+        tier=approval.risk_tier if tier is None else tier,
     ).order_by("id")
 
 
-def notifications_plan(approval: ApprovalRequest) -> list[int]:
-    """Inside the creating transaction: one pending row per matching channel; deliveries are
-    enqueued once (and only if) the transaction commits."""
-    now = timezone.now()
-    rows = [Notification(channel=channel, approval=approval, next_attempt_at=now) for channel in channels_for(approval)]
+def _plan(rows: list[Notification], existing) -> list[int]:
+    """Write the rows (a repeat of one already planned is skipped by its unique constraint) and
+    enqueue the pending ones on commit."""
     if not rows:
         return []
-    created = Notification.objects.bulk_create(rows)
-    ids = [n.pk for n in created if n.pk is not None]
-    if not ids:  # backends that do not return primary keys from bulk_create
-        ids = list(Notification.objects.filter(approval=approval).values_list("pk", flat=True))
+    Notification.objects.bulk_create(rows, ignore_conflicts=True)
+    ids = list(existing.filter(status=NotificationStatus.PENDING, attempts=0).values_list("pk", flat=True))
     transaction.on_commit(lambda: [enqueue_delivery(pk) for pk in ids])
     return ids
+
+
+def notifications_plan(approval: ApprovalRequest, *, kind: str = Notification.Kind.REQUEST,
+                       tier: int | None = None) -> list[int]:
+    """Inside the creating transaction: one pending row per matching channel; deliveries are
+    enqueued once (and only if) the transaction commits. A reminder goes to the request's tier,
+    an escalation to `tier` (the next one)."""
+    now = timezone.now()
+    rows = [Notification(channel=channel, approval=approval, kind=kind, next_attempt_at=now)
+            for channel in channels_for(approval, tier=tier)]
+    return _plan(rows, Notification.objects.filter(approval=approval, kind=kind))
+
+
+class NeedsPerson(Protocol):
+    operation_id: str
+    tenant_id: int
+    status: str
+
+
+def notifications_plan_operation(operation: NeedsPerson) -> list[int]:
+    """Inside the transaction that moved `operation` to a status that needs a person (manual,
+    compensation_required): one row per support channel of its tenant, delivered on commit."""
+    now = timezone.now()
+    channels = NotificationChannel.objects.filter(
+        Q(tenant__isnull=True) | Q(tenant_id=operation.tenant_id), enabled=True,
+        audience=NotificationChannel.Audience.SUPPORT,
+    ).order_by("id")
+    rows = [Notification(channel=channel, operation_id=operation.operation_id, operation_status=operation.status,
+                         kind=Notification.Kind.OPERATION, next_attempt_at=now) for channel in channels]
+    return _plan(rows, Notification.objects.filter(operation_id=operation.operation_id,
+                                                   operation_status=operation.status))
+
+
+def notifications_remind_due(*, now=None, limit: int = 200) -> int:
+    """Pending requests undecided after a share of their time (`remind_at`): their tier's
+    reviewers are reminded; later (`escalate_at`) the next tier's reviewers are told (an L4
+    request's, L4's again). Each at most once per request, by a compare-and-set on
+    `reminded_at` / `escalated_at`. Meant for Celery beat; returns the alerts planned."""
+    now = now or timezone.now()
+    planned = 0
+    for due_field, done_field, kind in (("remind_at", "reminded_at", Notification.Kind.REMINDER),
+                                        ("escalate_at", "escalated_at", Notification.Kind.ESCALATION)):
+        due = ApprovalRequest.objects.filter(**{"status": ApprovalStatus.PENDING, f"{due_field}__lte": now,
+                                                f"{done_field}__isnull": True, "expires_at__gt": now})
+        for approval in due.order_by(due_field)[:limit]:
+            with transaction.atomic():
+                claimed = ApprovalRequest.objects.filter(
+                    pk=approval.pk, status=ApprovalStatus.PENDING, **{f"{done_field}__isnull": True},
+                ).update(**{done_field: now})
+                if claimed != 1:
+                    continue  # decided meanwhile, or another beat got there first
+                tier = min(approval.risk_tier + 1, RiskTier.L4) if kind == Notification.Kind.ESCALATION else None
+                notifications_plan(approval, kind=kind, tier=tier)
+                planned += 1
+    return planned
 
 
 def enqueue_delivery(notification_id: int, *, countdown: float | None = None) -> None:
@@ -84,7 +149,22 @@ def enqueue_delivery(notification_id: int, *, countdown: float | None = None) ->
     deliver_notification.apply_async(args=[notification_id], countdown=countdown)
 
 
-def payload(approval: ApprovalRequest) -> dict[str, Any]:
+def operation_url(operation_id: str) -> str:
+    return public_base_url() + reverse("operations:detail", args=[operation_id])
+
+
+def payload(notification: Notification) -> dict[str, Any]:
+    """What a channel is sent: an approval request's contract fields (with `kind`: request,
+    reminder or escalation), or the operation that needs a person."""
+    if notification.kind == Notification.Kind.OPERATION:
+        operation = notification.operation
+        return {"kind": notification.kind, "operation_id": operation.operation_id, "status": notification.operation_status,
+                "tool": operation.tool.name, "call_id": operation.call_id, "task_id": operation.task_id,
+                "tenant": operation.tenant.slug, "url": operation_url(operation.operation_id)}
+    return {**approval_payload(notification.approval), "kind": notification.kind}
+
+
+def approval_payload(approval: ApprovalRequest) -> dict[str, Any]:
     return {
         "approval_id": approval.approval_id,
         "call_id": approval.call_id,
@@ -116,8 +196,26 @@ def _send_webhook(channel: NotificationChannel, body: dict[str, Any]) -> None:
         raise DeliveryError(f"HTTP {response.status_code}: {response.text[:200]}")
 
 
+EMAIL_SUBJECTS = {
+    Notification.Kind.REQUEST: "[Countersign] L{tier} approval needed: {tool} {call_id}",
+    Notification.Kind.REMINDER: "[Countersign] Reminder: L{tier} approval still undecided: {tool} {call_id}",
+    Notification.Kind.ESCALATION: "[Countersign] Escalated: L{tier} approval nobody decided: {tool} {call_id}",
+}
+
+
+def _operation_email(body: dict[str, Any]) -> tuple[str, list[str]]:
+    status = body["status"].replace("_", " ")
+    subject = f"[Countersign] Operation {status}: {body['tool']} {body['call_id']}"
+    return subject, [f"Operation {body['operation_id']} ({body['tool']}, call {body['call_id']}, "
+                     f"task {body['task_id']}) is {status} and needs a person.", "", f"Open it: {body['url']}"]
+
+
 def _send_email(channel: NotificationChannel, body: dict[str, Any]) -> None:
-    subject = f"[Countersign] L{body['tier']} approval needed: {body['tool']} {body['call_id']}"
+    if body.get("kind") == Notification.Kind.OPERATION:
+        subject, lines = _operation_email(body)
+        _deliver_email(channel, subject, lines)
+        return
+    subject = EMAIL_SUBJECTS.get(body.get("kind"), EMAIL_SUBJECTS[Notification.Kind.REQUEST]).format(**body)
     lines = [
         f"An L{body['tier']} call needs {body['approvals_needed']} approval(s).",
         "",
@@ -129,6 +227,10 @@ def _send_email(channel: NotificationChannel, body: dict[str, Any]) -> None:
         "",
         f"Review it: {body['url']}",
     ]
+    _deliver_email(channel, subject, lines)
+
+
+def _deliver_email(channel: NotificationChannel, subject: str, lines: list[str]) -> None:
     try:
         send_mail(subject, "\n".join(lines), None, [channel.target], fail_silently=False)
     except Exception as exc:  # any transport error is a failed attempt, recorded
@@ -148,7 +250,8 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
     the task racing for one row: only one claims the attempt; the other returns.
     """
     notification = (
-        Notification.objects.select_related("channel", "approval__operation__tool", "approval__tenant")
+        Notification.objects.select_related("channel", "approval__operation__tool", "approval__tenant",
+                                            "operation__tool", "operation__tenant")
         .filter(pk=notification_id).first()
     )
     if notification is None or notification.status != NotificationStatus.PENDING:
@@ -164,7 +267,7 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
         sender = SENDERS.get(notification.channel.kind)
         if sender is None:
             raise DeliveryError(f"unknown channel kind {notification.channel.kind!r}")
-        sender(notification.channel, payload(notification.approval))
+        sender(notification.channel, payload(notification))
     except DeliveryError as exc:
         error = str(exc)[:MAX_ERROR_CHARS] or "delivery failed"
     now = timezone.now()

@@ -200,12 +200,14 @@ def review_context(user: AbstractBaseUser, scope: ReviewerScope, approval: Appro
     decorate_rows([approval], scope)
     limit = scope.max_tier.get(approval.tenant_id)
     needs_higher = not approval.can_decide_tier
-    can_decide = approval.is_open and not needs_higher and not approval.decided_by_me
+    proposed_by_me = approval.proposed_by_id is not None and approval.proposed_by_id == user.pk
+    can_decide = approval.is_open and not needs_higher and not approval.decided_by_me and not proposed_by_me
     return {
         "approval": approval,
         "operation": operation,
         "decisions": decisions_for_operation(operation.operation_id),
         "can_decide": can_decide,
+        "proposed_by_me": proposed_by_me,
         "needs_higher": needs_higher,
         "reviewer_limit": limit,
         "is_expired": approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now(),

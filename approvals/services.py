@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -54,7 +55,10 @@ def _trace_wait(request: ApprovalRequest, *, outcome: str) -> None:
 def approval_request_create(
     *, operation: ProposedOperation, task_type: str, call_id: str, state_version: int, risk_tier: int,
     approvals_needed: int, ttl_seconds: int, reasons: list[str], actor: str,
+    proposed_by: AbstractBaseUser | None = None,
 ) -> ApprovalRequest:
+    """`proposed_by`: the person who created the call (a compensation), who may not approve it."""
+    now = timezone.now()
     with transaction.atomic():
         request = ApprovalRequest.objects.create(
             approval_id=new_id("apr"),
@@ -67,18 +71,22 @@ def approval_request_create(
             arguments_hash=operation.arguments_hash,
             tool_schema_version=operation.tool_schema_version,
             requested_by_id=operation.principal_id,
+            proposed_by=proposed_by,
             state_version=state_version,
             risk_tier=risk_tier,
             escalation_reasons=reasons,
             approvals_needed=approvals_needed,
-            expires_at=timezone.now() + timedelta(seconds=ttl_seconds),
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_seconds),
+            remind_at=now + timedelta(seconds=ttl_seconds * settings.APPROVAL_REMIND_SHARE),
+            escalate_at=now + timedelta(seconds=ttl_seconds * settings.APPROVAL_ESCALATE_SHARE),
         )
         record_event(
             entity=ApprovalRequest.EVENT_ENTITY, entity_id=request.approval_id, tenant_id=request.tenant_id,
             kind=Event.Kind.CREATED, to_status=request.status, actor=actor,
             reason=f"L{risk_tier} call {call_id} needs {approvals_needed} approval(s)",
             evidence={"operation_id": operation.operation_id, "arguments_hash": request.arguments_hash,
-                      "reasons": reasons},
+                      "reasons": reasons, "proposed_by": user_ref(proposed_by) if proposed_by else None},
         )
         # Rows now, deliveries on commit: a rolled-back request announces nothing.
         notifications_plan(request)
@@ -102,13 +110,40 @@ def approval_lock_pending(approval_id: str, reviewer: AbstractBaseUser) -> Appro
     return request
 
 
+def refuse_proposer(request: ApprovalRequest, reviewer: AbstractBaseUser) -> None:
+    """The person who proposed a call never approves it (nor edits it, which is approving)."""
+    if request.proposed_by_id is not None and request.proposed_by_id == reviewer.pk:
+        raise NotPermitted("You proposed this call; another reviewer must approve it.",
+                           details={"proposed_by": user_ref(reviewer)})
+
+
+def approval_propose_edit(*, approval_id: str, editor: AbstractBaseUser, approvals_needed: int) -> ApprovalRequest:
+    """An edited call's new request, just filed by the gate, names its editor as proposer and
+    needs at least `approvals_needed` approvals (what the edited original needed): an edit by
+    one person never lowers the number of people a call needs. Inside the edit's transaction."""
+    with transaction.atomic():
+        request = _locked_request(approval_id)
+        request.proposed_by = editor
+        request.approvals_needed = max(request.approvals_needed, approvals_needed)
+        request.save(update_fields=["proposed_by", "approvals_needed"])
+    return request
+
+
 def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str = "",
-                  arguments_hash: str | None = None) -> ApprovalRequest:
+                  arguments_hash: str | None = None, as_editor: bool = False) -> ApprovalRequest:
     """Record one reviewer's approval; the last one needed moves the request to `approved`
     (the caller, `ledger.decisions.approval_approve`, then authorizes the operation in the same
-    transaction). A request still short of approvals stays `pending`."""
+    transaction). A request still short of approvals stays `pending`.
+
+    The request's proposer is refused, except `as_editor`: the editor's approval of the call they
+    just edited (`ledger.decisions.approval_edit_and_approve`), which counts once — the edit is
+    their review of the agent's call — and is never enough where the original needed two."""
     with transaction.atomic():
         request = approval_lock_pending(approval_id, reviewer)
+        if not as_editor:
+            refuse_proposer(request, reviewer)
+        elif request.proposed_by_id != reviewer.pk or request.decisions.exists():
+            raise NotPermitted("Only the editor's first approval of their own edit counts this way.")
         if arguments_hash is not None and arguments_hash != request.arguments_hash:
             raise Conflict("The arguments changed since you looked; reload the request.")
         try:

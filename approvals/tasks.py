@@ -25,6 +25,8 @@ def deliver_notification(notification_id: int) -> str:
 
 @shared_task(name="approvals.enqueue_due_notifications")
 def enqueue_due_notifications() -> int:
+    """Beat: reminders and escalations that fell due, then deliveries that are due."""
     from approvals import notifications
 
+    notifications.notifications_remind_due()
     return notifications.notifications_enqueue_due()

@@ -26,7 +26,8 @@ from ledger.models import (
     OperationStatus,
 )
 
-SETTLED = OPERATION_TERMINAL | {OperationStatus.MANUAL}
+# Terminal, or waiting for a person (who may take any time): nothing the harness must still see move.
+SETTLED = OPERATION_TERMINAL | {OperationStatus.MANUAL, OperationStatus.COMPENSATION_REQUIRED}
 NO_EFFECT_STATUSES = frozenset({OperationStatus.FAILED, OperationStatus.EXPIRED, OperationStatus.CANCELLED, OperationStatus.REJECTED})
 DUPLICATE, LOST, STUCK, VIOLATION = "duplicate", "lost", "stuck", "violation"
 

@@ -297,6 +297,12 @@ NOTIFICATION_MAX_ATTEMPTS = env.int("NOTIFICATION_MAX_ATTEMPTS", 5, validate=Ran
 NOTIFICATION_BACKOFF_SECONDS = env.float("NOTIFICATION_BACKOFF_SECONDS", 2.0, validate=Range(min=0))
 NOTIFICATION_BACKOFF_CAP_SECONDS = env.float("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0, validate=Range(min=0))
 NOTIFICATION_TIMEOUT_SECONDS = env.float("NOTIFICATION_TIMEOUT_SECONDS", 5.0, validate=Range(min=0.1))
+# An approval still undecided after this share of its time reminds its tier's reviewers, and
+# after the second share is escalated to the next tier's reviewers.
+APPROVAL_REMIND_SHARE = env.float("APPROVAL_REMIND_SHARE", 0.5, validate=Range(min=0.01, max=1))
+APPROVAL_ESCALATE_SHARE = env.float("APPROVAL_ESCALATE_SHARE", 0.8, validate=Range(min=0.01, max=1))
+if APPROVAL_ESCALATE_SHARE < APPROVAL_REMIND_SHARE:
+    raise ImproperlyConfigured("APPROVAL_ESCALATE_SHARE must not be below APPROVAL_REMIND_SHARE.")
 
 # Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")

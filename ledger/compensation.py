@@ -24,11 +24,42 @@ from runs import services as run_services
 COMPENSABLE = frozenset({OperationStatus.CONFIRMED, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.UNKNOWN, OperationStatus.MANUAL})
 
 
+def check_compensation_rule(*, original: Operation, tool: Tool, arguments: dict[str, Any]) -> None:
+    """The compensation acts on the same business object as the original: its tool is one the
+    original tool's `compensation_rule` names, and each argument the rule lists is the same as
+    the original's ("same") or a number no larger ("at_most")."""
+    rule = original.tool.compensation_rule or {}
+    if tool.name not in rule:
+        allowed = ", ".join(sorted(rule)) or "none (settle it by hand with evidence)"
+        raise InvalidInput(f"{original.tool.name} is not compensated with {tool.name}; allowed: {allowed}.",
+                           details={"field": "tool", "allowed": sorted(rule)})
+    # "same" first: naming another order is the graver mistake, and the one to report.
+    for argument, check in sorted(rule[tool.name].items(), key=lambda item: (item[1] != "same", item[0])):
+        intended, proposed = original.arguments.get(argument), arguments.get(argument)
+        if check == "same" and proposed != intended:
+            raise InvalidInput(f"A compensation of {original.operation_id} must name the same {argument} "
+                               f"({intended!r}), not {proposed!r}.",
+                               details={"field": f"arguments.{argument}", "expected": intended})
+        if check == "at_most" and not (_number(proposed) and _number(intended) and proposed <= intended):
+            raise InvalidInput(f"A compensation of {original.operation_id} may have {argument} at most "
+                               f"{intended!r}, not {proposed!r}.",
+                               details={"field": f"arguments.{argument}", "at_most": intended})
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name: str,
                          arguments: dict[str, Any], reason: str) -> tuple[Operation, ApprovalRequest]:
     """Propose the compensating operation for `operation_id`: schema-checked and tiered by the
     gate like any call, but always at a tier that needs a reviewer's approval. An operation
-    still in doubt moves to `compensation_required` in the same transaction."""
+    still in doubt moves to `compensation_required` in the same transaction.
+
+    The proposer is the support person (a console principal), recorded on the approval request
+    as `proposed_by`, who may not approve it. The original agent's authority is not asked for:
+    the compensation is the person's act, so it works for a deactivated agent; what it may do is
+    bounded instead by the original tool's compensation rule (same order, same recipient)."""
     reason = _require_reason(reason)
     original = _operation_for_actor(operation_id, user)
     if original.status not in COMPENSABLE:
@@ -41,7 +72,7 @@ def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name
         raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
     task, principal = original.task, original.principal
     args_hash = gate.validate_arguments(tool=tool, arguments=arguments)
-    gate.authorize(principal=principal, task=task, tool=tool)
+    check_compensation_rule(original=original, tool=tool, arguments=arguments)
     tier, reasons = gate.risk_tier(tool=tool, task=task, arguments=arguments)
     approval_tiers = PolicyTier.objects.filter(requirement__in=(PolicyTier.Requirement.ONE_APPROVAL, PolicyTier.Requirement.TWO_APPROVALS))
     floor = approval_tiers.order_by("level").values_list("level", flat=True).first()
@@ -78,6 +109,6 @@ def compensation_propose(*, operation_id: str, user: AbstractBaseUser, tool_name
         approval = approval_services.approval_request_create(
             operation=operation, task_type=task.task_type, call_id=call_id, state_version=task.version, risk_tier=tier,
             approvals_needed=policy.approvals_needed, ttl_seconds=policy.approval_ttl_seconds,
-            reasons=[f"compensates {original.operation_id}: {reason}", *reasons], actor=actor,
+            reasons=[f"compensates {original.operation_id}: {reason}", *reasons], actor=actor, proposed_by=user,
         )
     return operation, approval

@@ -26,7 +26,7 @@ from approvals import gate
 from approvals import services as approval_services
 from approvals.gate import Decision
 from approvals.models import ApprovalRequest, ApprovalStatus, Tool
-from console.lib.errors import Conflict, InvalidInput
+from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
@@ -41,10 +41,15 @@ user_ref = approval_services.user_ref
 def approval_approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: str = "",
                      arguments_hash: str | None = None) -> ApprovalRequest:
     """Record one approval; the last one needed authorizes the operation in the same
-    transaction, and the dispatch is enqueued on commit."""
+    transaction, and the dispatch is enqueued on commit. The call's proposer is refused."""
+    return _approve(approval_id=approval_id, reviewer=reviewer, reason=reason, arguments_hash=arguments_hash)
+
+
+def _approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: str, arguments_hash: str | None,
+             as_editor: bool = False) -> ApprovalRequest:
     with transaction.atomic():
         request = approval_services.approval_give(approval_id=approval_id, reviewer=reviewer, reason=reason,
-                                                  arguments_hash=arguments_hash)
+                                                  arguments_hash=arguments_hash, as_editor=as_editor)
         if request.status == ApprovalStatus.APPROVED:
             ledger_services.operation_authorize(
                 operation_id=request.operation_id, actor=user_ref(reviewer),
@@ -158,6 +163,12 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
     authorizes the new operation at once and there is no new request (`superseded_by` stays
     empty; the supersede event names the new call and operation).
 
+    Separation of duties: the editor is the new request's proposer (`proposed_by`); their
+    approval counts once, and the new request needs at least as many approvers as the old one,
+    so an edit down from a two-person tier still waits for a second person — and an edit down
+    to a tier that runs at once is refused when the original needed two. The proposer of a
+    request (the editor of an earlier edit) may not edit it.
+
     All in one transaction: a refusal anywhere leaves the old request pending, untouched.
     """
     reason = (reason or "").strip()
@@ -167,6 +178,7 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
     actor = user_ref(reviewer)
     with transaction.atomic():
         old = approval_services.approval_lock_pending(approval_id, reviewer)
+        approval_services.refuse_proposer(old, reviewer)
         if arguments_hash is not None and arguments_hash != old.arguments_hash:
             raise Conflict("The arguments changed since you looked; reload the request.")
         operation = (Operation.objects.select_for_update(of=("self",))
@@ -197,14 +209,22 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
                            details={"reasons": list(proposal.reasons)})
         new = None
         if proposal.decision == Decision.AWAITING_APPROVAL:
-            new = approval_approve(approval_id=proposal.approval_id, reviewer=reviewer,
-                                   reason=f"edited from {old.call_id}: {reason}", arguments_hash=new_hash)
+            approval_services.approval_propose_edit(approval_id=proposal.approval_id, editor=reviewer,
+                                                    approvals_needed=old.approvals_needed)
+            new = _approve(approval_id=proposal.approval_id, reviewer=reviewer, as_editor=True,
+                           reason=f"edited from {old.call_id}: {reason}", arguments_hash=new_hash)
+        elif old.approvals_needed > 1:
+            raise NotPermitted(
+                f"The original call needed {old.approvals_needed} people; an edit to a tier that runs at once "
+                "would run it on one person's word. Reject it, or edit it to a tier that a second reviewer approves.",
+                details={"approvals_needed": old.approvals_needed, "risk_tier": proposal.risk_tier})
         old, _ = approval_services.approval_close(
             approval_id=old.approval_id, to=ApprovalStatus.SUPERSEDED, actor=actor, reason=f"edited: {reason}",
             evidence={"call_id": new_call, "step_id": new_step, "operation_id": proposal.operation_id,
                       "approval_id": new.approval_id if new else None, "arguments_hash": new_hash,
                       "previous_arguments_hash": old.arguments_hash, "risk_tier": proposal.risk_tier,
-                      "decision": proposal.decision},
+                      "decision": proposal.decision, "proposed_by": actor,
+                      "approvals_needed": new.approvals_needed if new else 0},
             changes={"superseded_by": new, "decided_at": timezone.now()},
         )
         ledger_services.operation_cancel(

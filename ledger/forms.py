@@ -27,6 +27,11 @@ class EscalateForm(ReasonForm):
         self.fields["assignee"].choices = [("", "Choose a person…")] + [(u, u) for u in staff]
 
 
+class CompensatedForm(ReasonForm):
+    evidence = forms.CharField(label="Evidence (a reference, a receipt, a ticket)", max_length=2000,
+                               error_messages={"required": "Settling a compensation case needs evidence."})
+
+
 class CompensateForm(ReasonForm):
     tool = forms.ChoiceField(label="Compensating tool", choices=[])
     arguments = forms.JSONField(label="Arguments (JSON)", widget=forms.Textarea(attrs={"rows": 4}),

@@ -17,6 +17,7 @@ class OperationStatus(models.TextChoices):
     UNKNOWN = "unknown"
     RETRY_SAFE = "retry_safe"
     COMPENSATION_REQUIRED = "compensation_required"
+    COMPENSATED = "compensated"
     MANUAL = "manual"
     REJECTED = "rejected"
     EXPIRED = "expired"
@@ -35,7 +36,9 @@ OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
     OperationStatus.UNKNOWN: frozenset({OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.MANUAL, OperationStatus.FAILED}),
     OperationStatus.MANUAL: frozenset({OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.FAILED}),
     OperationStatus.RETRY_SAFE: frozenset({OperationStatus.DISPATCHED, OperationStatus.FAILED}),
-    OperationStatus.COMPENSATION_REQUIRED: frozenset(),
+    # Ends when a compensating operation is confirmed, or a person settles it with evidence.
+    OperationStatus.COMPENSATION_REQUIRED: frozenset({OperationStatus.COMPENSATED}),
+    OperationStatus.COMPENSATED: frozenset(),
     OperationStatus.CONFIRMED: frozenset(),
     OperationStatus.FAILED: frozenset(),
     OperationStatus.REJECTED: frozenset(),

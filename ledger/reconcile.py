@@ -1,6 +1,7 @@
 """Reconciling `unknown` outcomes with the provider (step 8 of dispatch in docs/architecture.md).
 
-found → confirmed; still processing → wait; provably absent *and* the old request can no longer
+found → confirmed (or compensation_required when the effect differs from the approved intent:
+amount, currency, order); still processing → wait; provably absent *and* the old request can no longer
 land → retry_safe (same operation ID and key); cannot tell within the window → manual, a case
 for support staff. A tool without a way to ask goes to manual at once: no blind retry.
 """
@@ -18,7 +19,7 @@ from console.models import Event
 from console.tracing import tracer
 from ledger import services
 from ledger.adapters import adapter_for
-from ledger.adapters.base import ABSENT, FOUND, PROCESSING
+from ledger.adapters.base import ABSENT, FOUND, PROCESSING, effect_differences
 from ledger.models import Operation, OperationStatus
 
 ACTOR = "system:reconciler"
@@ -61,6 +62,16 @@ def run_reconcile(operation_id: str, *, worker: str, now=None) -> str:
         tries = operation.reconcile_attempts + 1
         try:
             if answer.state == FOUND:
+                differences = effect_differences(adapter, operation.arguments, answer.receipt or {})
+                if differences:
+                    # An effect happened, but not the one that was approved: a case for
+                    # compensation, with the difference as evidence — never a confirmation.
+                    services.operation_require_compensation(
+                        operation_id=operation_id, actor=ACTOR, fencing_token=token,
+                        reason="the provider's effect differs from the approved intent: "
+                               + ", ".join(sorted(differences)),
+                        evidence={**evidence, "differences": differences, "receipt": answer.receipt})
+                    return OperationStatus.COMPENSATION_REQUIRED
                 services.operation_confirm(operation_id=operation_id, receipt=answer.receipt or {}, actor=ACTOR,
                                            reason="the provider has the effect", evidence=evidence,
                                            fencing_token=token)

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.notifications import notifications_plan_operation
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
 from console.live import ring_doorbell_on_commit
@@ -181,6 +182,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
             except Conflict:
                 pass
             else:
+                _settle_compensated_original(operation, to=to)
                 return operation, True
         attempt = Attempt.objects.select_for_update().get(operation_id=operation_id, number=attempt_number)
         operation = _get(operation_id, lock=True)
@@ -193,6 +195,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
                 guard={"fencing_token": fencing_token}, changes=changes,
             )
             Attempt.objects.filter(pk=attempt.pk).update(stale=False, **attempt_fields)
+            _settle_compensated_original(operation, to=to)
             return operation, True
         if attempt.finished_at is None:
             # A stale worker's late result: kept on its attempt as evidence, no status change.
@@ -241,8 +244,9 @@ def operation_confirm(*, operation_id: str, receipt: dict[str, Any], actor: str,
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         _refuse_in_flight(operation, OperationStatus.CONFIRMED)
-        transition(operation, to=OperationStatus.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
-                   guard=_token_guard(fencing_token), changes={"receipt": receipt, "next_reconcile_at": None})
+        if transition(operation, to=OperationStatus.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
+                      guard=_token_guard(fencing_token), changes={"receipt": receipt, "next_reconcile_at": None}):
+            _settle_compensated_original(operation, to=OperationStatus.CONFIRMED)
     return operation
 
 
@@ -264,18 +268,46 @@ def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evi
                               fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
-                   guard=_token_guard(fencing_token), changes={"next_reconcile_at": None})
+        if transition(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
+                      guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
+            notifications_plan_operation(operation)  # support is told, on commit
     return operation
 
 
 def operation_require_compensation(*, operation_id: str, actor: str, reason: str,
-                                   evidence: dict | None = None) -> Operation:
+                                   evidence: dict | None = None, fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason, evidence=evidence,
-                   changes={"next_reconcile_at": None})
+        if transition(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason,
+                      evidence=evidence, guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
+            notifications_plan_operation(operation)  # support is told, on commit
     return operation
+
+
+def operation_mark_compensated(*, operation_id: str, actor: str, reason: str, evidence: dict[str, Any]) -> Operation:
+    """compensation_required → compensated: a compensating operation was confirmed, or a person
+    settled the case with evidence."""
+    if not evidence:
+        raise InvalidInput("Marking an operation compensated needs evidence.")
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=OperationStatus.COMPENSATED, actor=actor, reason=reason, evidence=evidence)
+    return operation
+
+
+def _settle_compensated_original(operation: Operation, *, to: str) -> None:
+    """Inside the transaction that confirmed `operation`: if it compensates an operation that
+    waits for compensation, that one is compensated now (an original that was not waiting —
+    confirmed, or already settled — stays as it is)."""
+    if to != OperationStatus.CONFIRMED or operation.compensates_id is None:
+        return
+    waiting = Operation.objects.filter(pk=operation.compensates_id,
+                                       status=OperationStatus.COMPENSATION_REQUIRED).exists()
+    if waiting:
+        operation_mark_compensated(
+            operation_id=operation.compensates_id, actor="system:compensation",
+            reason=f"compensated by {operation.operation_id}",
+            evidence={"compensation": operation.operation_id, "receipt": operation.receipt})
 
 
 def operation_fail(*, operation_id: str, actor: str, reason: str, evidence: dict[str, Any]) -> Operation:

@@ -37,8 +37,8 @@ from console.lib.transitions import record_event
 from console.models import Event, Membership, Role
 from ledger import services
 from ledger.adapters import adapter_for
-from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer
-from ledger.models import Operation, OperationStatus
+from ledger.adapters.base import ABSENT, ERROR, FOUND, PROCESSING, QueryAnswer, effect_differences
+from ledger.models import OPERATION_TERMINAL, Operation, OperationStatus
 
 PROVIDER_QUERY_ENTITY = Event.Entity.PROVIDER_QUERY
 UNSUPPORTED = "unsupported"
@@ -46,7 +46,7 @@ UNSUPPORTED = "unsupported"
 VIEW_ROLES = (Role.SUPPORT, Role.REVIEWER, Role.ADMIN)
 ACT_ROLES = (Role.SUPPORT, Role.ADMIN)
 # An operation a person may still resolve (compensation_required waits for a compensating
-# operation, which is not created from here yet).
+# operation, or for `support_mark_compensated`).
 RESOLVABLE = frozenset({OperationStatus.UNKNOWN, OperationStatus.MANUAL})
 
 
@@ -246,6 +246,12 @@ def support_confirm(*, operation_id: str, user: AbstractBaseUser, remote_id: str
             raise ProviderDenied(
                 f"The provider has {provider_id or 'another effect'} for this key, not {remote_id}.",
                 details={"field": "remote_id", "provider_remote_id": provider_id})
+        differences = effect_differences(adapter_for(operation.tool), operation.arguments, found)
+        if differences:
+            raise ProviderDenied(
+                "The provider's effect differs from what was approved: " + ", ".join(sorted(differences))
+                + ". Do not confirm it: propose a compensation instead.",
+                details={"field": "remote_id", "differences": differences})
         receipt = {**found, "via": "support", "entered_by": user_ref(user)}
     elif answer.state in (ABSENT, PROCESSING):
         raise ProviderDenied(
@@ -333,3 +339,26 @@ def support_escalate(*, operation_id: str, user: AbstractBaseUser, assignee: str
         raise _as_resolution_conflict(operation_id, exc) from exc
     operation.refresh_from_db()
     return operation
+
+
+def support_mark_compensated(*, operation_id: str, user: AbstractBaseUser, evidence: str, reason: str) -> Operation:
+    """compensation_required → compensated, settled by a person outside the ledger (a transfer
+    reversed at the bank, the customer agreed to keep the difference) with the evidence of it.
+    Refused while a compensating operation is still under way: it could yet take effect."""
+    operation = _operation_for_actor(operation_id, user)
+    reason = _require_reason(reason)
+    evidence = (evidence or "").strip()
+    if not evidence:
+        raise InvalidInput("Settling a compensation case needs evidence (a reference, a receipt, a ticket).",
+                           details={"field": "evidence"})
+    with transaction.atomic():
+        _locked_resolvable(operation_id, allowed=frozenset({OperationStatus.COMPENSATION_REQUIRED}))
+        under_way = (operation.compensations.exclude(status__in=OPERATION_TERMINAL)
+                     .order_by("created_at").first())
+        if under_way is not None:
+            raise Conflict(f"The compensation {under_way.operation_id} is still {under_way.status}: let it finish, "
+                           "or have it rejected, before settling this by hand.",
+                           details={"compensation": under_way.operation_id, "status": under_way.status})
+        return services.operation_mark_compensated(
+            operation_id=operation_id, actor=user_ref(user), reason=reason,
+            evidence={"by": user_ref(user), "evidence": evidence})

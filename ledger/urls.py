@@ -15,4 +15,5 @@ urlpatterns = [
     path("<str:operation_id>/fail/", views.fail, name="fail"),
     path("<str:operation_id>/escalate/", views.escalate, name="escalate"),
     path("<str:operation_id>/compensate/", views.compensate, name="compensate"),
+    path("<str:operation_id>/compensated/", views.compensated, name="compensated"),
 ]

@@ -29,8 +29,8 @@ from ledger import support
 from ledger import support_selectors as selectors
 from ledger.compensation import COMPENSABLE, compensation_propose
 from ledger.filters import QueueFilterSet
-from ledger.forms import CompensateForm, ConfirmForm, EscalateForm, ReasonForm
-from ledger.models import Operation
+from ledger.forms import CompensatedForm, CompensateForm, ConfirmForm, EscalateForm, ReasonForm
+from ledger.models import Operation, OperationStatus
 from ledger.support_context import live_detail_context
 
 PAGE_SIZE = 25
@@ -110,8 +110,13 @@ def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[s
         "retry_form": forms.get("retry") or ReasonForm(prefix="retry"),
         "fail_form": forms.get("fail") or ReasonForm(prefix="fail"),
         "escalate_form": forms.get("escalate") or EscalateForm(staff=staff),
-        "compensate_form": forms.get("compensate") or CompensateForm(prefix="compensate", tools=_write_tools()),
+        "compensate_form": forms.get("compensate") or CompensateForm(
+            prefix="compensate", tools=_compensating_tools(operation),
+            initial={"arguments": operation.arguments}),
+        "compensated_form": forms.get("compensated") or CompensatedForm(prefix="compensated"),
         "can_compensate": operation.status in COMPENSABLE and support.can_act(request.user, operation.tenant_id),
+        "can_settle": (operation.status == OperationStatus.COMPENSATION_REQUIRED
+                       and support.can_act(request.user, operation.tenant_id)),
         "compensations": list(operation.compensations.select_related("tool").order_by("created_at")),
         "error": error,
         "error_action": error_action,
@@ -213,13 +218,26 @@ def escalate(request: HttpRequest, operation_id: str) -> HttpResponse:
 @login_required
 @require_POST
 def compensate(request: HttpRequest, operation_id: str) -> HttpResponse:
+    operation = _get_operation_for_user(request.user, operation_id)
     return _run_action(
         request, operation_id, action="compensate",
-        form=CompensateForm(request.POST, prefix="compensate", tools=_write_tools()),
-        done="Compensating operation proposed; it waits for a reviewer's approval.",
+        form=CompensateForm(request.POST, prefix="compensate", tools=_compensating_tools(operation)),
+        done="Compensating operation proposed; it waits for another reviewer's approval (not yours).",
         call=lambda d: compensation_propose(operation_id=operation_id, user=request.user, tool_name=d["tool"],
                                             arguments=d["arguments"], reason=d["reason"]))
 
 
-def _write_tools() -> list[str]:
-    return list(Tool.objects.filter(enabled=True, kind=Tool.Kind.WRITE).order_by("name").values_list("name", flat=True))
+@login_required
+@require_POST
+def compensated(request: HttpRequest, operation_id: str) -> HttpResponse:
+    return _run_action(
+        request, operation_id, action="compensated", form=CompensatedForm(request.POST, prefix="compensated"),
+        done="Marked compensated, with your evidence.",
+        call=lambda d: support.support_mark_compensated(operation_id=operation_id, user=request.user,
+                                                        evidence=d["evidence"], reason=d["reason"]))
+
+
+def _compensating_tools(operation: Operation) -> list[str]:
+    """The enabled tools the original tool's compensation rule names."""
+    names = sorted(operation.tool.compensation_rule or {})
+    return list(Tool.objects.filter(enabled=True, name__in=names).order_by("name").values_list("name", flat=True))

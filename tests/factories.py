@@ -41,6 +41,7 @@ _PATHS: dict[str, list[str]] = {
     S.RETRY_SAFE: [S.AUTHORIZED, S.DISPATCHED, S.RETRY_SAFE],
     S.MANUAL: [S.AUTHORIZED, S.DISPATCHED, S.UNKNOWN, S.MANUAL],
     S.COMPENSATION_REQUIRED: [S.AUTHORIZED, S.DISPATCHED, S.UNKNOWN, S.COMPENSATION_REQUIRED],
+    S.COMPENSATED: [S.AUTHORIZED, S.DISPATCHED, S.UNKNOWN, S.COMPENSATION_REQUIRED, S.COMPENSATED],
     S.REJECTED: [S.REJECTED],
     S.EXPIRED: [S.EXPIRED],
     S.CANCELLED: [S.CANCELLED],
@@ -131,6 +132,9 @@ def _move(operation: Operation, to: str) -> None:
         ledger_services.operation_require_compensation(
             operation_id=op_id, actor="system:test", reason="effect must be undone"
         )
+    elif to == S.COMPENSATED:
+        ledger_services.operation_mark_compensated(operation_id=op_id, actor="system:test", reason="settled",
+                                                   evidence={"evidence": "reversed at the bank"})
     elif to == S.REJECTED:
         ledger_services.operation_reject(operation_id=op_id, actor="system:test", reason="no")
     elif to == S.EXPIRED:

@@ -32,6 +32,16 @@ CREATE TRIGGER {table}_policy_generation_{op}
 SQLITE_OPS = ("insert", "update", "delete")
 
 
+def recreate_sqlite_tool_triggers(apps, schema_editor):
+    """For later migrations that add a column to approvals_tool: SQLite does so by rebuilding
+    the table, which drops its triggers; PostgreSQL keeps them through ADD COLUMN."""
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    for op in SQLITE_OPS:
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS approvals_tool_policy_generation_{op}", params=None)
+        schema_editor.execute(SQLITE_TRIGGER.format(table="approvals_tool", op=op), params=None)
+
+
 def forwards(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":

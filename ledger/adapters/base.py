@@ -56,6 +56,14 @@ class Adapter(Protocol):
     def preview(self, arguments: dict[str, Any]) -> dict[str, Any] | None: ...
 
 
+def effect_differences(adapter: Adapter, arguments: dict[str, Any], receipt: dict[str, Any]) -> dict[str, dict]:
+    """Where an effect the provider holds differs from the approved intent, per adapter
+    (`differences(arguments, receipt)`): {field: {"intent": …, "found": …}}. An adapter that
+    cannot compare (nothing in its receipt to compare) reports none."""
+    compare = getattr(adapter, "differences", None)
+    return compare(arguments, receipt) if compare is not None else {}
+
+
 def not_sent(error_class: str, *, transport: str, code: str = "", retry_after: float | None = None,
              raw: dict | None = None, provider_status: str = "") -> Outcome:
     return Outcome(Fact.NOT_SENT, transport, provider_status=provider_status, side_effect="none",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote
 
@@ -63,6 +64,21 @@ class RefundAdapter:
                 "order_id": refund.get("order_id"), "provider": "payments", "via": "query"})
         # A stored failure (e.g. validation) for this key: no effect.
         return QueryAnswer(ABSENT, raw=raw)
+
+    def differences(self, arguments: dict[str, Any], receipt: dict[str, Any]) -> dict[str, dict]:
+        """The refund found against the one approved: order, currency, and amount (as numbers,
+        so 25 and 25.0 agree)."""
+        found: dict[str, dict] = {}
+        for field in ("order_id", "currency"):
+            if receipt.get(field) != arguments.get(field):
+                found[field] = {"intent": arguments.get(field), "found": receipt.get(field)}
+        try:
+            same_amount = Decimal(str(receipt.get("amount"))) == Decimal(str(arguments.get("amount")))
+        except InvalidOperation:
+            same_amount = False
+        if not same_amount:
+            found["amount"] = {"intent": arguments.get("amount"), "found": receipt.get("amount")}
+        return found
 
     def preview(self, arguments: dict[str, Any]) -> dict[str, Any] | None:
         return {"kind": "refund", "summary": f"Refund {arguments.get('amount')} {arguments.get('currency')} "

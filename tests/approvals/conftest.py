@@ -26,3 +26,14 @@ def make_approval(agent):
         return make_pending_approval(kwargs.pop("agent", agent), **kwargs)
 
     return factory
+
+
+@pytest.fixture
+def eager_celery():
+    """Deliveries run through the real Celery task, in process (countdowns are not waited)."""
+    from console.celery import app
+
+    saved = (app.conf.task_always_eager, app.conf.task_eager_propagates)
+    app.conf.task_always_eager, app.conf.task_eager_propagates = True, True
+    yield app
+    app.conf.task_always_eager, app.conf.task_eager_propagates = saved

@@ -62,17 +62,6 @@ class Receiver:
         self.server.server_close()
 
 
-@pytest.fixture
-def eager_celery():
-    """Deliveries run through the real Celery task, in process (countdowns are not waited)."""
-    from console.celery import app
-
-    saved = (app.conf.task_always_eager, app.conf.task_eager_propagates)
-    app.conf.task_always_eager, app.conf.task_eager_propagates = True, True
-    yield app
-    app.conf.task_always_eager, app.conf.task_eager_propagates = saved
-
-
 @pytest.fixture(autouse=True)
 def _quick_backoff(settings):
     settings.NOTIFICATION_BACKOFF_SECONDS = 0.01

@@ -8,9 +8,13 @@ from django.urls import reverse
 from approvals.filters import InboxFilterSet
 from approvals.live import read_inbox_arg, render_approval, render_inbox, render_inbox_counts
 from approvals.models import ApprovalDecision, ApprovalRequest
-from console.models import Event
+from console.models import Event, Role
 from ledger import decisions
+from ledger import services as ledger_services
+from ledger.compensation import compensation_propose
 from ledger.models import Operation
+from tests.conftest import make_user
+from tests.fixtures.support import make_operation
 
 pytestmark = pytest.mark.django_db
 
@@ -502,3 +506,46 @@ def test_the_pagination_links_nearby_pages_only(client, reviewer, make_approval,
     body = response.content.decode()
     assert "page=8" in body and "page=5" not in body
     assert response.context["page"].paginator.count == 8
+
+
+# ------------------------------------------------------------------------- separation of duties
+
+
+@pytest.fixture
+def proposed_by_admin(agent, tenant):
+    """A compensation proposed by a person who is support staff and an L4 reviewer."""
+    admin = make_user("admin", tenant, Role.SUPPORT, Role.REVIEWER, max_tier=4)
+    original = make_operation(agent)
+    ledger_services.operation_confirm(operation_id=original.operation_id, receipt={"remote_id": "re_1"},
+                                      actor="system:reconciler", reason="found")
+    _, approval = compensation_propose(
+        operation_id=original.operation_id, user=admin, tool_name="payments.refund",
+        arguments={**original.arguments, "amount": 20}, reason="refunded twice")
+    return admin, approval
+
+
+def test_the_page_says_who_proposed_and_the_proposer_finds_no_approve_button(client, proposed_by_admin):
+    admin, approval = proposed_by_admin
+    client.force_login(admin)
+    page = client.get(detail_url(approval)).content.decode()
+    assert 'id="proposed-by"><strong>admin</strong>' in page
+    assert 'id="proposed-by-me"' in page and 'id="approve-form"' not in page
+
+
+def test_the_proposers_approval_is_refused_with_the_one_error_and_a_403(client, proposed_by_admin):
+    admin, approval = proposed_by_admin
+    client.force_login(admin)
+    response = client.post(approve_url(approval), {"arguments_hash": approval.arguments_hash})
+    assert response.status_code == 403
+    assert "You proposed this call" in response.content.decode()
+    assert fresh(approval)[0].status == "pending" and not ApprovalDecision.objects.filter(request=approval).exists()
+
+
+def test_another_reviewer_sees_the_proposer_and_approves(client, proposed_by_admin, reviewer):
+    _, approval = proposed_by_admin
+    client.force_login(reviewer)
+    page = client.get(detail_url(approval)).content.decode()
+    assert 'id="proposed-by"><strong>admin</strong>' in page and 'id="approve-form"' in page
+    response = client.post(approve_url(approval), {"arguments_hash": approval.arguments_hash})
+    assert response.status_code == 302
+    assert fresh(approval)[0].status == "approved"

@@ -133,7 +133,7 @@ def test_an_edit_that_raises_the_tier_to_l4_still_needs_a_second_distinct_approv
     assert list(new.decisions.values_list("reviewer__username", flat=True)) == ["senior"]
     assert op(new.operation_id).status == S.PLANNED
     assert fresh(l3).status == A.SUPERSEDED
-    with pytest.raises(Conflict):
+    with pytest.raises(NotPermitted):  # the editor proposed the edited call
         decisions.approval_approve(approval_id=new.approval_id, reviewer=senior)
     decisions.approval_approve(approval_id=new.approval_id, reviewer=senior2, arguments_hash=new.arguments_hash)
     assert fresh(new).status == A.APPROVED

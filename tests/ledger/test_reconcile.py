@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.utils import timezone
 
@@ -240,3 +241,28 @@ def test_a_second_refund_for_an_order_in_doubt_waits(agent, tools, payments_url,
     assert run_dispatch(second.operation_id, worker="test") == "deferred:business_key_busy"
     assert reload(second).status == S.AUTHORIZED
     assert reload(in_doubt).status == S.UNKNOWN
+
+
+@pytest.mark.parametrize(("found", "differences"), [
+    ({"amount": 30}, {"amount": {"intent": 25, "found": 30}}),
+    ({"currency": "USD"}, {"currency": {"intent": "EUR", "found": "USD"}}),
+    ({"order_id": "ord-other"}, {"order_id": {"intent": "ord-intent", "found": "ord-other"}}),
+])
+def test_a_found_effect_that_differs_from_the_intent_needs_compensation(agent, tools, payments_url, unique, found,
+                                                                        differences):
+    intent = {"order_id": "ord-intent", "amount": 25, "currency": "EUR", "reason": "damaged"}
+    operation = make_operation(agent, status=S.UNKNOWN, arguments=intent)
+    # The provider holds an effect under the operation's key, but not the one that was approved.
+    response = httpx.post(f"{payments_url}/refunds", json={**intent, **found},
+                          headers={"Idempotency-Key": operation.idempotency_key}, timeout=5)
+    assert response.status_code == 201, response.text
+
+    assert run_reconcile(operation.operation_id, worker="test") == S.COMPENSATION_REQUIRED
+
+    operation = reload(operation)
+    assert operation.status == S.COMPENSATION_REQUIRED
+    event = last_event(operation)
+    assert (event.from_status, event.to_status, event.actor) == (S.UNKNOWN, S.COMPENSATION_REQUIRED,
+                                                                 "system:reconciler")
+    assert event.evidence["differences"] == differences
+    assert event.evidence["receipt"]["remote_id"] == response.json()["id"]

@@ -90,6 +90,7 @@ VERB_TARGETS = {
     "authorize": S.AUTHORIZED, "reject": S.REJECTED, "expire": S.EXPIRED, "cancel": S.CANCELLED,
     "mark_unknown": S.UNKNOWN, "confirm": S.CONFIRMED, "mark_retry_safe": S.RETRY_SAFE,
     "escalate_manual": S.MANUAL, "require_compensation": S.COMPENSATION_REQUIRED, "fail": S.FAILED,
+    "mark_compensated": S.COMPENSATED,
 }
 # Moves TRANSITIONS allows but that belong to the worker holding the fencing token; a person's
 # verb may (and should) refuse them. Either answer is accepted here; tests/ledger/test_services
@@ -101,7 +102,7 @@ OUTCOME = {Fact.KNOWN_SUCCESS: S.CONFIRMED, Fact.KNOWN_FAILURE: S.FAILED, Fact.U
 
 def call_verb(verb: str, op_id: str) -> None:
     kwargs = {"operation_id": op_id, "actor": "test", "reason": "property"}
-    if verb in ("mark_retry_safe", "fail"):
+    if verb in ("mark_retry_safe", "fail", "mark_compensated"):
         kwargs["evidence"] = EVIDENCE
     if verb == "confirm":
         kwargs["receipt"] = {"id": "re_1"}

@@ -8,11 +8,13 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.urls import reverse
 from django.utils import timezone
 
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
 from console.models import Event
 from ledger import support
+from ledger.compensation import compensation_propose
 from ledger.models import Operation, OperationStatus
 from ledger.support import ProviderDenied
 from ledger.tasks import query_provider
@@ -83,6 +85,18 @@ def test_it_refuses_to_confirm_a_remote_id_other_than_the_providers(agent, suppo
         support.support_confirm(operation_id=operation.operation_id, user=support_user,
                                 remote_id="re_someone_elses", reason="found in the dashboard")
     assert status_of(operation) == S.UNKNOWN
+    assert leaving_events(operation) == []
+
+
+@pytest.mark.django_db
+def test_it_refuses_to_confirm_an_effect_that_differs_from_the_approved_intent(agent, support_user, payments):
+    operation = make_operation(agent, status=S.MANUAL)
+    refund = refund_at_provider(payments, operation, amount=operation.arguments["amount"] + 100)
+    with pytest.raises(ProviderDenied, match="differs from what was approved: amount") as caught:
+        support.support_confirm(operation_id=operation.operation_id, user=support_user, remote_id=refund["id"],
+                                reason="found in the provider dashboard")
+    assert caught.value.details["differences"]["amount"]["found"] == operation.arguments["amount"] + 100
+    assert status_of(operation) == S.MANUAL
     assert leaving_events(operation) == []
 
 
@@ -305,3 +319,69 @@ def test_two_people_resolving_at_once_count_exactly_once(agent, support_user, su
     assert status_of(operation) == event.to_status
     loser = next(v for v in outcomes.values() if isinstance(v, Exception))
     assert f"by {event.actor}" in str(loser)
+
+
+# ---------------------------------------------------------------- leaving compensation_required
+
+
+@pytest.mark.django_db
+def test_a_person_resolves_compensation_required_with_evidence(agent, support_user):
+    operation = make_operation(agent, status=S.COMPENSATION_REQUIRED)
+    support.support_mark_compensated(operation_id=operation.operation_id, user=support_user,
+                                     evidence="bank transfer TR-4411 reversed the double refund",
+                                     reason="settled with the customer")
+    assert status_of(operation) == S.COMPENSATED
+    event = Event.objects.filter(entity="operation", entity_id=operation.operation_id).order_by("-id")[0]
+    assert (event.from_status, event.to_status, event.actor) == (S.COMPENSATION_REQUIRED, S.COMPENSATED,
+                                                                 "user:support")
+    assert event.evidence["evidence"] == "bank transfer TR-4411 reversed the double refund"
+
+
+@pytest.mark.django_db
+def test_resolving_compensation_needs_evidence_a_reason_and_support_staff(agent, support_user, reviewer, outsider):
+    operation = make_operation(agent, status=S.COMPENSATION_REQUIRED)
+    with pytest.raises(InvalidInput, match="evidence"):
+        support.support_mark_compensated(operation_id=operation.operation_id, user=support_user, evidence=" ",
+                                         reason="r")
+    with pytest.raises(InvalidInput):
+        support.support_mark_compensated(operation_id=operation.operation_id, user=support_user, evidence="e",
+                                         reason="")
+    with pytest.raises(NotPermitted):
+        support.support_mark_compensated(operation_id=operation.operation_id, user=reviewer, evidence="e",
+                                         reason="r")
+    with pytest.raises(NotFound):
+        support.support_mark_compensated(operation_id=operation.operation_id, user=outsider, evidence="e",
+                                         reason="r")
+    assert status_of(operation) == S.COMPENSATION_REQUIRED
+
+
+@pytest.mark.django_db
+def test_only_compensation_required_is_resolved_this_way(agent, support_user):
+    operation = make_operation(agent, status=S.UNKNOWN)
+    with pytest.raises(Conflict):
+        support.support_mark_compensated(operation_id=operation.operation_id, user=support_user, evidence="e",
+                                         reason="r")
+    assert status_of(operation) == S.UNKNOWN
+
+
+@pytest.mark.django_db
+def test_a_compensation_still_under_way_blocks_resolving_by_hand(agent, support_user):
+    operation = make_operation(agent, status=S.COMPENSATION_REQUIRED)
+    compensation_propose(operation_id=operation.operation_id, user=support_user, tool_name="payments.refund",
+                         arguments=operation.arguments, reason="undo")
+    with pytest.raises(Conflict, match="still"):
+        support.support_mark_compensated(operation_id=operation.operation_id, user=support_user, evidence="e",
+                                         reason="r")
+    assert status_of(operation) == S.COMPENSATION_REQUIRED
+
+
+@pytest.mark.django_db
+def test_the_detail_page_resolves_compensation_required(client, agent, support_user):
+    operation = make_operation(agent, status=S.COMPENSATION_REQUIRED)
+    client.force_login(support_user)
+    url = reverse("operations:detail", args=[operation.operation_id])
+    assert 'id="compensated-form"' in client.get(url).content.decode()
+    response = client.post(reverse("operations:compensated", args=[operation.operation_id]),
+                           {"compensated-evidence": "TR-1", "compensated-reason": "settled"})
+    assert response.status_code == 302
+    assert status_of(operation) == S.COMPENSATED

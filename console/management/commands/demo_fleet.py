@@ -19,7 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-TERMINAL_CALL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
+TERMINAL_CALL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required", "compensated"}
 
 # (weight, scenario). Amounts pick the tier: ≤ 50 → L1, ≤ 200 → L3, > 200 → L4.
 SCENARIOS = [
