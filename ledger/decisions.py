@@ -218,12 +218,13 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
 # ---------------------------------------------------------------------------- lease takeover
 
 
-def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Lease:
+def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None, retake: bool = False) -> Lease:
     """Take or renew the task's lease (`runs.services.lease_acquire`). A takeover makes the
     previous holder's in-flight operations `unknown` before the new holder acts: they are
     reconciled, never assumed failed, never sent again blindly."""
     with transaction.atomic():
-        lease = run_services.lease_acquire(task_id=task_id, owner=owner, ttl_seconds=ttl_seconds, now=now)
+        lease = run_services.lease_acquire(task_id=task_id, owner=owner, ttl_seconds=ttl_seconds, now=now,
+                                           retake=retake)
         if lease.taken_over:
             in_flight = Operation.objects.filter(task_id=task_id, status=OperationStatus.DISPATCHED)
             for operation_id in in_flight.values_list("operation_id", flat=True):
