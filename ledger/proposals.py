@@ -27,7 +27,7 @@ from django.utils import timezone
 from approvals import catalog, gate
 from approvals import services as approval_services
 from approvals.gate import Decision
-from approvals.models import Tool
+from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from console.lib import sql
 from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
@@ -212,7 +212,8 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         )
         approval = approval_services.approval_request_create(
             operation=operation, task_type=task.task_type, call_id=call_id,
-            # The version after the move: the dispatcher refuses if the task moved again.
+            # The agent's version (waiting does not move it): the dispatcher refuses if the agent
+            # committed anything since.
             state_version=task.version,
             risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             ttl_seconds=result.approval_ttl_seconds, reasons=list(result.reasons), actor=principal.ref,
@@ -223,6 +224,23 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             created=True,
         )
+
+
+def task_settle_waiting(*, task_id: str, actor: str, reason: str) -> None:
+    """The task leaves `waiting_approval` (for `running`, the version unchanged) once none of
+    its calls waits for a person. Called in the transaction that decided a held call.
+
+    The task row is locked before the pending requests are counted: a proposal holding it may
+    be adding one, and the count must see it (PostgreSQL reads each statement at its start, so
+    after the lock). The read before the lock only skips tasks that are not waiting."""
+    if not Task.objects.filter(pk=task_id, status=TaskStatus.WAITING_APPROVAL).exists():
+        return
+    task = run_services.task_lock(task_id=task_id)
+    if task.status != TaskStatus.WAITING_APPROVAL:
+        return
+    if ApprovalRequest.objects.filter(task_id=task_id, status=ApprovalStatus.PENDING).exists():
+        return
+    run_services.task_stop_waiting(task=task, actor=actor, reason=reason)
 
 
 def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,

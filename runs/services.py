@@ -134,6 +134,11 @@ def task_transition(
             "A task succeeds only through its verifier; move it to 'verifying' with evidence.",
             details={"to": to},
         )
+    if to == TaskStatus.WAITING_APPROVAL:
+        raise NotPermitted(
+            "A task waits for approval exactly while one of its calls does; Countersign moves it.",
+            details={"to": to},
+        )
     with transaction.atomic():
         task = Task.objects.filter(task_id=task_id).first()
         if task is None:
@@ -144,6 +149,10 @@ def task_transition(
                 "Stale expected_version.",
                 details={"task_id": task_id, "expected_version": expected_version, "version": task.version},
             )
+        if to == TaskStatus.RUNNING and task.status == TaskStatus.WAITING_APPROVAL:
+            # Waiting for a person is Countersign's to end (when the last held call is decided);
+            # the agent may go on proposing meanwhile. An agent saying "running" is already so.
+            return task
         changes: dict[str, Any] = {"version": F("version") + 1}
         if superseded_by:
             if superseded_by == task_id or not Task.objects.filter(task_id=superseded_by,
@@ -237,15 +246,32 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None, retak
     return lease
 
 
+def task_lock(*, task_id: str) -> Task:
+    """The task row, locked until the end of the caller's transaction (PostgreSQL; on SQLite
+    the IMMEDIATE transaction already serializes writers)."""
+    return Task.objects.select_for_update().get(pk=task_id)
+
+
+# Countersign's own moves between `running` and `waiting_approval` keep the version: the version
+# is the agent's (its transitions and its state), so a call held for a person neither makes the
+# agent's `expected_version` stale nor, when it is decided, invalidates another held call.
+
+
 def task_wait_for_approval(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:
-    """running → waiting_approval (compare-and-set on version, version + 1). Already waiting:
-    a no-op, the version stays. Called by the proposal pipeline with the task row locked."""
+    """running → waiting_approval, the version unchanged. Already waiting: a no-op. Called by
+    the proposal pipeline with the task row locked."""
     if task.status == TaskStatus.WAITING_APPROVAL:
         return task
-    transition(
-        task, to=TaskStatus.WAITING_APPROVAL, actor=actor, reason=reason, evidence=evidence,
-        guard={"version": task.version}, changes={"version": F("version") + 1},
-    )
+    transition(task, to=TaskStatus.WAITING_APPROVAL, actor=actor, reason=reason, evidence=evidence,
+               guard={"version": task.version})
+    return task
+
+
+def task_stop_waiting(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:
+    """waiting_approval → running, the version unchanged, once no call of the task waits for a
+    person (the caller holds the task row and has checked)."""
+    transition(task, to=TaskStatus.RUNNING, actor=actor, reason=reason, evidence=evidence,
+               guard={"version": task.version})
     return task
 
 

@@ -83,7 +83,7 @@ def test_a_call_that_needs_approval_waits(api, running_task):
     approval = ApprovalRequest.objects.get()
     assert (body["decision"], body["status"], body["approval_id"]) == ("awaiting_approval", "planned",
                                                                       approval.approval_id)
-    assert (body["risk_tier"], body["approvals_needed"], body["task_version"]) == (4, 2, 4)
+    assert (body["risk_tier"], body["approvals_needed"], body["task_version"]) == (4, 2, 3)
     assert "amount 250 > 200 → L4" in body["reasons"]
     assert running_task.task.status == "waiting_approval"
 

@@ -43,7 +43,7 @@ def test_it_shows_the_approval_and_its_progress(api, running_task, senior):
     approval = body["approval"]
     assert (approval["approval_id"], approval["status"], approval["call_id"]) == (
         proposal["approval_id"], "pending", "call-1")
-    assert (approval["approvals_needed"], approval["approvals_given"], approval["state_version"]) == (2, 1, 4)
+    assert (approval["approvals_needed"], approval["approvals_given"], approval["state_version"]) == (2, 1, 3)
     assert (body["status"], body["decision"], body["attempts"]) == ("planned", "awaiting_approval", [])
 
 
