@@ -16,6 +16,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -23,7 +24,6 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals.gate import Decision
 from console.api import (
     ErrorSerializer,
     JSONObjectField,
@@ -34,9 +34,11 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from ledger.models import OPERATION_TERMINAL, OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
 from ledger.selectors import (
+    CALL_STATUSES,
+    FINAL_STATUSES,
+    Outcome,
     call_detail,
     call_for_principal,
     call_operation_status,
@@ -44,9 +46,32 @@ from ledger.selectors import (
     operation_for_principal,
 )
 
-DECISIONS = [(value, value) for value in Decision.values]
 MAX_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.1
+
+
+class DecisionSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(
+        choices=Outcome.choices,
+        help_text="dispatched (the gate ran it at once), awaiting_approval, approved, rejected (by a reviewer), "
+                  "refused (by the gate), expired, cancelled.")
+    by = serializers.CharField(allow_null=True, help_text="Who decided: system:gate, user:<name>, system:<part>.")
+    at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(allow_null=True, help_text="The reviewer's (or the system's) reason.")
+    approvals_given = serializers.IntegerField()
+    approvals_needed = serializers.IntegerField()
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="When the approval request expires.")
+    url = serializers.SerializerMethodField(help_text="The approval page, for a person.")
+
+    class Meta:
+        ref_name = "CallDecision"
+
+    def get_url(self, outcome) -> str | None:
+        if outcome.approval_id is None:
+            return None
+        path = reverse("approvals:detail", args=[outcome.approval_id])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request is not None else path
 
 
 class OperationOutputSerializer(serializers.Serializer):
@@ -80,15 +105,18 @@ class OperationOutputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "Approval"
 
-    operation_id = serializers.CharField()
+    operation_id = serializers.CharField(allow_null=True, help_text="None for a call the gate refused.")
     call_id = serializers.CharField()
     task_id = serializers.CharField()
     step_id = serializers.CharField()
     tool = serializers.CharField()
-    status = serializers.ChoiceField(choices=OperationStatus.choices)
-    decision = serializers.ChoiceField(choices=DECISIONS)
+    status = serializers.ChoiceField(choices=CALL_STATUSES,
+                                     help_text="The operation's status; `refused` for a call the gate refused.")
+    decision = DecisionSerializer()
+    final = serializers.BooleanField(help_text="Nothing more will happen to this call.")
+    task_version = serializers.IntegerField(help_text="The task's version now.")
     reasons = serializers.ListField(child=serializers.CharField())
-    risk_tier = serializers.IntegerField()
+    risk_tier = serializers.IntegerField(allow_null=True)
     idempotency_key = serializers.CharField()
     arguments_hash = serializers.CharField()
     attempt_count = serializers.IntegerField()
@@ -121,14 +149,15 @@ class CallProposeApi(APIView):
     class OutputSerializer(serializers.Serializer):
         call_id = serializers.CharField()
         operation_id = serializers.CharField(allow_null=True)
-        decision = serializers.ChoiceField(choices=DECISIONS)
+        decision = DecisionSerializer(source="outcome")
+        final = serializers.BooleanField(source="outcome.final", help_text="Nothing more will happen to this call.")
         status = serializers.CharField(help_text="The operation's status; `refused` when none was created.")
         approval_id = serializers.CharField(allow_null=True)
         reasons = serializers.ListField(child=serializers.CharField())
         risk_tier = serializers.IntegerField(allow_null=True)
         approvals_needed = serializers.IntegerField()
         task_id = serializers.CharField()
-        task_version = serializers.IntegerField()
+        task_version = serializers.IntegerField(help_text="The task's version now (proposing does not move it).")
 
         class Meta:
             ref_name = "CallProposeOutput"
@@ -153,7 +182,7 @@ class CallProposeApi(APIView):
             fencing_token=data["fencing_token"],
         )
         return Response(
-            self.OutputSerializer(proposal).data,
+            self.OutputSerializer(proposal, context={"request": request}).data,
             status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK,
         )
 
@@ -163,7 +192,7 @@ class OperationGetApi(APIView):
                    responses={200: OperationOutputSerializer, **errors(401, 404)})
     def get(self, request, operation_id: str):
         operation = operation_for_principal(principal=request.user, operation_id=operation_id)
-        return Response(OperationOutputSerializer(operation_detail(operation)).data)
+        return Response(OperationOutputSerializer(operation_detail(operation), context={"request": request}).data)
 
 
 # --- GET /calls/{call_id}?wait= (async) ------------------------------------------------------
@@ -204,16 +233,16 @@ def _parse_wait(raw: str | None) -> float:
     return min(wait, MAX_WAIT_SECONDS)
 
 
-def _call_body(call) -> dict[str, Any]:
-    return dict(OperationOutputSerializer(call_detail(call)).data)
+def _call_body(call, request) -> dict[str, Any]:
+    return dict(OperationOutputSerializer(call_detail(call), context={"request": request}).data)
 
 
 def _parse_seen(raw: str | None) -> str | None:
     if not raw:
         return None
-    if raw not in OperationStatus.values:
+    if raw not in CALL_STATUSES:
         raise InvalidInput("The request is invalid.",
-                           details={"fields": {"seen": ["One of: " + ", ".join(OperationStatus.values) + "."]}})
+                           details={"fields": {"seen": ["One of: " + ", ".join(CALL_STATUSES) + "."]}})
     return raw
 
 
@@ -241,14 +270,14 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
         )
         status = await _db(call_operation_status)(call_pk=call.pk)
         baseline = seen or status
-        if wait > 0 and status == baseline and status not in OPERATION_TERMINAL:
+        if wait > 0 and status == baseline and status not in FINAL_STATUSES:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
             while (remaining := deadline - loop.time()) > 0:
                 await asyncio.sleep(min(POLL_SECONDS, remaining))
                 if await _db(call_operation_status)(call_pk=call.pk) != baseline:
                     break
-        return _json(await _db(_call_body)(call))
+        return _json(await _db(_call_body)(call, request))
     except DomainError as exc:
         return _error(exc.code, exc.message, exc.details, status_code=exc.status)
 

@@ -40,13 +40,17 @@ from ledger.models import Call, Operation, OperationStatus
 from ledger.queries import lease_sql as _lease_sql
 from ledger.queries import task_sql as _task_sql
 from ledger.selectors import (
+    GATE_ACTOR,
+    CallOutcome,
+    Outcome,
     operation_approval,
     operation_decision,
+    operation_outcome,
+    refusal_outcome,
 )
 from runs import services as run_services
 from runs.models import Lease, Step, Task, TaskStatus
 
-GATE_ACTOR = "system:gate"
 MAX_CALL_ID = 64
 MAX_STEP_ID = 128
 CALL_ENTITY = Event.Entity.CALL
@@ -64,6 +68,7 @@ class Proposal:
     status: str  # the operation's status; "refused" when no operation was created
     task_id: str
     task_version: int
+    outcome: CallOutcome
     approval_id: str | None = None
     reasons: tuple[str, ...] = ()
     risk_tier: int | None = None
@@ -151,7 +156,8 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
             span.set_attributes({"countersign.decision": result.decision, "countersign.risk_tier": result.risk_tier})
         if result.refused:
-            return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool)
+            return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool,
+                           args_hash=args_hash)
 
         runs_at_once = not result.needs_approval
         step = _step_get_or_create(task, step_id)
@@ -203,6 +209,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                 call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
                 risk_tier=result.risk_tier, created=True,
+                outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 
         ledger_services.operation_created_event(operation, actor=principal.ref)
@@ -223,6 +230,9 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             task_id=task.task_id, task_version=task.version, approval_id=approval.approval_id,
             reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             created=True,
+            outcome=CallOutcome(outcome=Outcome.AWAITING_APPROVAL, final=False,
+                                approvals_needed=approval.approvals_needed, expires_at=approval.expires_at,
+                                approval_id=approval.approval_id),
         )
 
 
@@ -282,12 +292,21 @@ def _call(task: Task, call_id: str) -> Call | None:
 
 def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: str) -> Proposal:
     operation = call.operation
-    if (call.arguments_hash, operation.tool.name, operation.step.step_id) != (args_hash, tool_name, step_id):
+    known = ((operation.tool.name, operation.step.step_id) if operation is not None
+             else (call.tool_name, call.step_id))
+    if (call.arguments_hash, *known) != (args_hash, tool_name, step_id):
         raise IntentMismatch(
             f"Call {call.call_id} was proposed before with other arguments; a call ID names one intent.",
-            details={"call_id": call.call_id, "operation_id": operation.operation_id,
-                     "arguments_hash": call.arguments_hash, "tool": operation.tool.name,
-                     "step_id": operation.step.step_id},
+            details={"call_id": call.call_id, "operation_id": call.operation_id,
+                     "arguments_hash": call.arguments_hash, "tool": known[0], "step_id": known[1]},
+        )
+    if operation is None:
+        refusal = call.refusal or {}
+        reasons = tuple(refusal.get("reasons", ()))
+        return Proposal(
+            call_id=call.call_id, operation_id=None, decision=Decision.REFUSED, status=Decision.REFUSED,
+            task_id=task.task_id, task_version=task.version, reasons=reasons, risk_tier=refusal.get("risk_tier"),
+            outcome=refusal_outcome(reasons=reasons, at=call.created_at), repeat=True,
         )
     return _answer(operation, task=task, call_id=call.call_id, repeat=True)
 
@@ -333,12 +352,14 @@ def _answer(operation: Operation, *, task: Task, call_id: str, repeat: bool = Fa
         approval_id=approval.approval_id if approval is not None else None,
         reasons=tuple(reasons), risk_tier=operation.risk_tier,
         approvals_needed=approval.approvals_needed if approval is not None else 0,
-        repeat=repeat,
+        repeat=repeat, outcome=operation_outcome(operation, approval),
     )
 
 
 def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, call_id: str, step_id: str,
-            tool: Tool) -> Proposal:
+            tool: Tool, args_hash: str) -> Proposal:
+    """The refusal is recorded as the call (with no operation), so a repeat of the call ID is
+    answered the same refusal from the ledger, and the call can be read back."""
     if result.exhausted_budgets and task.status != TaskStatus.PAUSED:
         run_services.task_pause(
             task=task, actor=GATE_ACTOR, reason=f"budget ran out: {', '.join(result.exhausted_budgets)}",
@@ -352,9 +373,21 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
                   "arguments_hash": result.arguments_hash, "risk_tier": result.risk_tier,
                   "reasons": list(result.reasons), "exhausted_budgets": list(result.exhausted_budgets)},
     )
+    now = timezone.now()
+    # ON CONFLICT DO NOTHING, no savepoint: the task row is locked, so another writer of this
+    # call ID can only be one that does not hold it; its row is the answer (`_LostRace`).
+    written = sql.insert(Call, [{
+        "task": task, "call_id": call_id, "operation_id": None, "arguments_hash": args_hash, "created_at": now,
+        "step_id": step_id, "tool_name": tool.name,
+        "refusal": {"reasons": list(result.reasons), "risk_tier": result.risk_tier,
+                    "exhausted_budgets": list(result.exhausted_budgets)},
+    }], returning=("id",), ignore_conflicts=True)
+    if not written:
+        raise _LostRace
     return Proposal(
         call_id=call_id, operation_id=None, decision=Decision.REFUSED, status=Decision.REFUSED, task_id=task.task_id,
         task_version=task.version, reasons=result.reasons, risk_tier=result.risk_tier,
+        outcome=refusal_outcome(reasons=result.reasons, at=now),
     )
 
 

@@ -76,7 +76,7 @@ def test_it_answers_at_once_with_wait_zero(proposed):
     assert response.status_code == 200
     body = response.json()
     assert (body["call_id"], body["operation_id"], body["status"]) == ("call-1", proposed["operation_id"], "authorized")
-    assert (body["decision"], body["attempts"], body["approval"]) == ("dispatched", [], None)
+    assert (body["decision"]["outcome"], body["attempts"], body["approval"]) == ("dispatched", [], None)
 
 
 def test_it_answers_when_the_status_changes(proposed, poll_started):
@@ -120,7 +120,7 @@ def test_it_shows_a_pending_approval(api, running_task):
     api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, arguments=refund(120)),
              format="json")
     body = get("/api/v1/calls/call-1", wait=0).json()
-    assert (body["status"], body["decision"]) == ("planned", "awaiting_approval")
+    assert (body["status"], body["decision"]["outcome"]) == ("planned", "awaiting_approval")
     assert body["approval"]["pending"] is True and body["approval"]["call_id"] == "call-1"
 
 

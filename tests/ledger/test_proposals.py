@@ -230,7 +230,8 @@ def test_a_spent_budget_refuses_the_call_and_pauses_the_task(agent):
     assert (proposal.decision, proposal.status, proposal.operation_id) == ("refused", "refused", None)
     assert proposal.reasons == ("write budget spent: 1 of 1",)
     assert Operation.objects.count() == operations
-    assert not Call.objects.filter(call_id="call-2").exists()
+    refused = Call.objects.get(call_id="call-2")  # recorded with its refusal, no operation
+    assert (refused.operation_id, refused.refusal["reasons"]) == (None, ["write budget spent: 1 of 1"])
     task = run.task
     assert (task.status, task.version) == ("paused", version + 1)
     assert proposal.task_version == task.version

@@ -57,7 +57,7 @@ def test_fifty_identical_proposals_at_once_make_one_operation(agent):
     assert [status for status, _ in results if status not in (200, 201)] == []
     assert sorted(status for status, _ in results).count(201) == 1
     assert {answer["operation_id"] for _, answer in results} == {Operation.objects.get().operation_id}
-    assert {answer["decision"] for _, answer in results} == {"dispatched"}
+    assert {answer["decision"]["outcome"] for _, answer in results} == {"dispatched"}
     assert Call.objects.count() == 1
     assert Attempt.objects.count() == 0
     assert run.task.calls_used == 1
