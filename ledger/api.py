@@ -134,9 +134,16 @@ class OperationOutputSerializer(serializers.Serializer):
         ref_name = "Operation"
 
 
+def printable(value: str) -> None:
+    if not value.isprintable():
+        raise serializers.ValidationError("Printable characters only (no tabs, newlines or other controls).")
+
+
 class CallProposeApi(APIView):
     class InputSerializer(serializers.Serializer):
-        call_id = StrictCharField(max_length=MAX_CALL_ID, help_text="The model's tool-call ID; unique within the task.")
+        call_id = StrictCharField(
+            max_length=MAX_CALL_ID, trim_whitespace=False, validators=[printable],
+            help_text="The model's tool-call ID, unique within the task: any printable characters, kept as sent.")
         step_id = StrictCharField(max_length=MAX_STEP_ID, help_text="One side-effecting call per step.")
         tool = StrictCharField(max_length=100)
         arguments = JSONObjectField()
@@ -295,10 +302,11 @@ class CallGetApi(APIView):
             OpenApiParameter("seen", OpenApiTypes.STR,
                              description="The status the agent last saw: a different one answers at once."),
             OpenApiParameter("task_id", OpenApiTypes.STR,
-                             description="The call's task; without it, the newest call with this ID in your tenant."),
+                             description="The call's task. Without it, a call ID used in several of your tenant's "
+                                         "tasks is 409 (details.task_ids names them)."),
         ],
         responses={200: OperationOutputSerializer, 400: OpenApiResponse(ErrorSerializer),
-                   **errors(401, 404)},
+                   **errors(401, 404, 409)},
     )
     def get(self, request, call_id: str):  # pragma: no cover - never routed
         raise NotImplementedError

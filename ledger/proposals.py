@@ -88,9 +88,10 @@ def call_propose(
     expected_version: int,
     fencing_token: int | None,
 ) -> Proposal:
-    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID:
-        # Event rows name their entity in 64 characters, and every call leaves events.
-        raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} characters.", details={"call_id": call_id})
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID or not call_id.isprintable():
+        # Event rows name their entity in 64 characters, and every call leaves events. Any
+        # printable character (frameworks invent their own IDs); no control characters.
+        raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} printable characters.", details={"call_id": call_id})
     if not isinstance(step_id, str) or not 0 < len(step_id) <= MAX_STEP_ID:
         raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
     proposal = dict(principal=principal, task_id=task_id, call_id=call_id, step_id=step_id, tool_name=tool_name,

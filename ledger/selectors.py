@@ -11,7 +11,7 @@ from django.db import models
 
 from approvals.gate import Decision
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
-from console.lib.errors import NotFound
+from console.lib.errors import Conflict, NotFound
 from console.models import AgentPrincipal, Event
 from ledger.models import OPERATION_TERMINAL, Call, Operation, OperationStatus
 from runs.models import Task
@@ -103,15 +103,19 @@ def operation_for_principal(*, principal: AgentPrincipal, operation_id: str) -> 
 
 
 def call_for_principal(*, principal: AgentPrincipal, call_id: str, task_id: str | None = None) -> Call:
-    """The call with this ID in the principal's tenant (call IDs are unique per task: without
-    `task_id` the newest one wins)."""
+    """The call with this ID in the principal's tenant. Call IDs are unique per task only:
+    without `task_id`, an ID used in several tasks is a Conflict naming them (answering the
+    newest would hand an agent another task's call)."""
     qs = Call.objects.filter(call_id=call_id, task__tenant_id=principal.tenant_id)
     if task_id:
         qs = qs.filter(task_id=task_id)
-    call = qs.order_by("-created_at", "-id").first()
-    if call is None:
+    calls = list(qs.order_by("-created_at", "-id")[:2] if task_id else qs.order_by("-created_at", "-id")[:21])
+    if not calls:
         raise NotFound(f"No call {call_id}.", details={"call_id": call_id, "task_id": task_id})
-    return call
+    if len(calls) > 1:
+        raise Conflict(f"Call ID {call_id} is used in several tasks; say which with ?task_id=.",
+                       details={"call_id": call_id, "task_ids": sorted({call.task_id for call in calls})})
+    return calls[0]
 
 
 def call_operation_status(*, call_pk: int) -> str:

@@ -13,6 +13,7 @@ PATHS = {
     "/api/v1/tasks/{task_id}/calls": {"post"},
     "/api/v1/operations/{operation_id}": {"get"},
     "/api/v1/calls/{call_id}": {"get"},
+    "/api/v1/tools": {"get"},
 }
 
 
