@@ -18,12 +18,18 @@ from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from approvals.gate import Decision
 from console.api import (
     ErrorSerializer,
     JSONObjectField,
@@ -34,7 +40,7 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
+from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
     FINAL_STATUSES,
@@ -139,19 +145,72 @@ def printable(value: str) -> None:
         raise serializers.ValidationError("Printable characters only (no tabs, newlines or other controls).")
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON true or false: "yes" and 1 are not answers to "only ask?"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class CallDryRunOutputSerializer(serializers.Serializer):
+    class Rule(serializers.Serializer):
+        id = serializers.IntegerField()
+        argument_path = serializers.CharField()
+        comparison = serializers.CharField()
+        value = serializers.JSONField()
+        tier = serializers.IntegerField()
+        description = serializers.CharField(allow_blank=True)
+
+        class Meta:
+            ref_name = "EscalationRuleMatched"
+
+    dry_run = serializers.BooleanField(help_text="Always true: nothing was written.")
+    outcome = serializers.ChoiceField(choices=[(value, value) for value in Decision.values],
+                                      help_text="What a proposal of these arguments would be answered now.")
+    risk_tier = serializers.IntegerField(allow_null=True)
+    approvals_needed = serializers.IntegerField()
+    reasons = serializers.ListField(child=serializers.CharField())
+    rules = Rule(many=True, help_text="The escalation rules these arguments match.")
+    tool = serializers.CharField()
+    task_id = serializers.CharField()
+    task_version = serializers.IntegerField()
+
+    class Meta:
+        ref_name = "CallDryRunOutput"
+
+
+# Needed for a proposal, not for a dry run.
+PROPOSAL_ONLY = ("call_id", "step_id", "expected_version", "fencing_token")
+
+
 class CallProposeApi(APIView):
     class InputSerializer(serializers.Serializer):
         call_id = StrictCharField(
-            max_length=MAX_CALL_ID, trim_whitespace=False, validators=[printable],
+            required=False, max_length=MAX_CALL_ID, trim_whitespace=False, validators=[printable],
             help_text="The model's tool-call ID, unique within the task: any printable characters, kept as sent.")
-        step_id = StrictCharField(max_length=MAX_STEP_ID, help_text="One side-effecting call per step.")
+        step_id = StrictCharField(required=False, max_length=MAX_STEP_ID,
+                                  help_text="One side-effecting call per step.")
         tool = StrictCharField(max_length=100)
         arguments = JSONObjectField()
-        expected_version = StrictIntegerField(min_value=0)
-        fencing_token = StrictIntegerField(min_value=0)
+        expected_version = StrictIntegerField(required=False, min_value=0)
+        fencing_token = StrictIntegerField(required=False, min_value=0)
+        dry_run = StrictBooleanField(
+            required=False, default=False,
+            help_text="Only ask: the gate's verdict for these arguments now; nothing is written. call_id, "
+                      "step_id, expected_version and fencing_token are then optional.")
 
         class Meta:
             ref_name = "CallProposeInput"
+
+        def validate(self, attrs):
+            if not attrs["dry_run"]:
+                missing = {name: [serializers.Field.default_error_messages["required"]]
+                           for name in PROPOSAL_ONLY if name not in attrs}
+                if missing:
+                    raise serializers.ValidationError(missing)
+            return attrs
 
     class OutputSerializer(serializers.Serializer):
         call_id = serializers.CharField()
@@ -174,15 +233,25 @@ class CallProposeApi(APIView):
         description=(
             "201: a new operation. 200: answered from the ledger (a repeat of the call ID, the same step "
             "under a new call ID, or a refusal). A repeat with the same arguments is answered before any "
-            "version or token check; the same call ID with other arguments is 422."
+            "version or token check; the same call ID with other arguments is 422. With `dry_run: true`, 200 "
+            "with the gate's verdict (CallDryRunOutput) and nothing written."
         ),
         request=InputSerializer,
-        responses={201: OutputSerializer, 200: OutputSerializer, **errors(400, 401, 403, 404, 409, 422)},
+        responses={
+            201: OutputSerializer,
+            200: PolymorphicProxySerializer(component_name="CallProposeAnswer", resource_type_field_name=None,
+                                            serializers=[OutputSerializer, CallDryRunOutputSerializer]),
+            **errors(400, 401, 403, 404, 409, 422),
+        },
     )
     def post(self, request, task_id: str):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        if data["dry_run"]:
+            answer = call_dry_run(principal=request.user, task_id=task_id, tool_name=data["tool"],
+                                  arguments=data["arguments"])
+            return Response(CallDryRunOutputSerializer(answer).data)
         proposal = call_propose(
             principal=request.user, task_id=task_id, call_id=data["call_id"], step_id=data["step_id"],
             tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],

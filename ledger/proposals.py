@@ -27,7 +27,7 @@ from django.utils import timezone
 from approvals import catalog, gate
 from approvals import services as approval_services
 from approvals.gate import Decision
-from approvals.models import ApprovalRequest, ApprovalStatus, Tool
+from approvals.models import ApprovalRequest, ApprovalStatus, EscalationRule, Tool
 from console.lib import sql
 from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
@@ -235,6 +235,44 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                                 approvals_needed=approval.approvals_needed, expires_at=approval.expires_at,
                                 approval_id=approval.approval_id),
         )
+
+
+@dataclass(frozen=True)
+class DryRun:
+    task_id: str
+    task_version: int
+    tool: str
+    outcome: str  # dispatched, awaiting_approval or refused
+    risk_tier: int | None
+    approvals_needed: int
+    reasons: tuple[str, ...]
+    rules: tuple[EscalationRule, ...]  # the escalation rules that matched these arguments
+    dry_run: bool = True
+
+
+def call_dry_run(*, principal: AgentPrincipal, task_id: str, tool_name: str, arguments: dict[str, Any]) -> DryRun:
+    """What the gate would answer a proposal of these arguments now, writing nothing: the same
+    schema (400), authorization (403), task status (409), budgets and tier as `call_propose`,
+    without the ledger (a call ID, a version or a token are not asked for)."""
+    task = Task.objects.filter(task_id=task_id, tenant_id=principal.tenant_id).first()
+    if task is None:
+        raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
+    if task.status not in PROPOSING_STATUSES:
+        raise Conflict(
+            f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
+            details={"task_id": task.task_id, "status": task.status},
+        )
+    policy = catalog.current()
+    tool = policy.tool(tool_name)
+    if tool is None:
+        raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
+    args_hash = gate.validate_arguments(tool=tool, arguments=arguments)
+    gate.authorize(principal=principal, task=task, tool=tool, catalog=policy)
+    result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
+    rules = tuple(rule for rule in policy.rules(tool) if gate.rule_matches(rule, arguments)[0])
+    return DryRun(task_id=task.task_id, task_version=task.version, tool=tool.name, outcome=result.decision,
+                  risk_tier=result.risk_tier, approvals_needed=result.approvals_needed, reasons=result.reasons,
+                  rules=rules if result.risk_tier is not None else ())
 
 
 def task_settle_waiting(*, task_id: str, actor: str, reason: str) -> None:
