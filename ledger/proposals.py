@@ -110,6 +110,14 @@ class _LostRace(Exception):
     pass
 
 
+def _check_proposing(task: Task) -> None:
+    if task.status not in PROPOSING_STATUSES:
+        raise Conflict(
+            f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
+            details={"task_id": task.task_id, "status": task.status},
+        )
+
+
 def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: str, tool_name: str,
              arguments: dict[str, Any], expected_version: int, fencing_token: int | None, args_hash: str) -> Proposal:
     # The ID a new operation would have: the tool is named by the request, and the task is
@@ -130,11 +138,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                 "Stale expected_version.",
                 details={"task_id": task.task_id, "expected_version": expected_version, "version": task.version},
             )
-        if task.status not in PROPOSING_STATUSES:
-            raise Conflict(
-                f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
-                details={"task_id": task.task_id, "status": task.status},
-            )
+        _check_proposing(task)
         tool = policy.tool(tool_name)
         if tool is None:
             raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
@@ -257,11 +261,7 @@ def call_dry_run(*, principal: AgentPrincipal, task_id: str, tool_name: str, arg
     task = Task.objects.filter(task_id=task_id, tenant_id=principal.tenant_id).first()
     if task is None:
         raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
-    if task.status not in PROPOSING_STATUSES:
-        raise Conflict(
-            f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
-            details={"task_id": task.task_id, "status": task.status},
-        )
+    _check_proposing(task)
     policy = catalog.current()
     tool = policy.tool(tool_name)
     if tool is None:
