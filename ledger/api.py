@@ -9,11 +9,16 @@ database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -40,6 +45,7 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
+from console.live import DOORBELL_GROUP
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
@@ -53,7 +59,14 @@ from ledger.selectors import (
 )
 
 MAX_WAIT_SECONDS = 30.0
-POLL_SECONDS = 0.1
+# A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
+# it looks again after this long: a ring can be lost (channels-redis drops over capacity), and an
+# in-memory layer reaches no other process (embedded mode's worker commits where the web
+# server cannot hear it), so there the old short poll stays.
+FALLBACK_POLL_SECONDS = 2.0
+MEMORY_LAYER_POLL_SECONDS = 0.1
+
+logger = logging.getLogger(__name__)
 
 
 class DecisionSerializer(serializers.Serializer):
@@ -322,11 +335,103 @@ def _parse_seen(raw: str | None) -> str | None:
     return raw
 
 
+class _Doorbell:
+    """The events doorbell for the long-polls of one event loop: one channel-layer listener
+    however many polls wait, subscribed with the first and dropped with the last. A poll takes
+    the next ring's future before it reads the status, so a commit between the read and the
+    wait still wakes it."""
+
+    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def for_loop(cls) -> _Doorbell:
+        loop = asyncio.get_running_loop()
+        bell = cls._by_loop.get(loop)
+        if bell is None:
+            bell = cls._by_loop[loop] = cls(loop)
+        return bell
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.rung: asyncio.Future = loop.create_future()
+        self.waiters = 0
+        self.listener: asyncio.Task | None = None
+        self.starting = asyncio.Lock()
+
+    def next_ring(self) -> asyncio.Future:
+        return self.rung
+
+    def _ring(self) -> None:
+        rung, self.rung = self.rung, self.loop.create_future()
+        rung.set_result(None)
+
+    async def _subscribe(self) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            channel = await layer.new_channel()
+            await layer.group_add(DOORBELL_GROUP, channel)
+        except Exception:  # noqa: BLE001 - the fallback poll still answers
+            logger.warning("long-poll doorbell unavailable", exc_info=True)
+            return
+        self.listener = asyncio.create_task(self._listen(layer, channel))
+
+    async def _listen(self, layer, channel: str) -> None:
+        try:
+            while True:
+                try:
+                    await layer.receive(channel)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - the fallback poll still answers
+                    logger.warning("long-poll doorbell receive failed", exc_info=True)
+                    await asyncio.sleep(1)
+                    continue
+                self._ring()
+        finally:
+            with contextlib.suppress(Exception):
+                await layer.group_discard(DOORBELL_GROUP, channel)
+
+    @contextlib.asynccontextmanager
+    async def waiting(self):
+        self.waiters += 1
+        try:
+            async with self.starting:
+                if self.listener is None:
+                    await self._subscribe()
+            yield self
+        finally:
+            self.waiters -= 1
+            if not self.waiters and self.listener is not None:
+                listener, self.listener = self.listener, None
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
+
+
+async def _wait_for_change(call_pk: int, baseline: str, wait: float) -> None:
+    """Until the call's status differs from `baseline` or `wait` seconds have passed, reading
+    the status again at each ring of the doorbell (and at the fallback interval)."""
+    fallback = (MEMORY_LAYER_POLL_SECONDS if settings.CHANNEL_LAYER_URL.startswith("memory://")
+                else FALLBACK_POLL_SECONDS)
+    bell = _Doorbell.for_loop()
+    async with bell.waiting():
+        deadline = bell.loop.time() + wait
+        while (remaining := deadline - bell.loop.time()) > 0:
+            ring = bell.next_ring()
+            if await _db(call_operation_status)(call_pk=call_pk) != baseline:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ring), timeout=min(fallback, remaining))
+
+
 async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     """Long-poll a call: answer when its operation's status differs from the one the agent last
     saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
     with the status as it is then. A call that is already final, or already past `seen`, is
-    answered at once: a poll that starts after the change must not wait for one."""
+    answered at once: a poll that starts after the change must not wait for one. A waiting poll
+    wakes on the committed event (`_wait_for_change`), not on a timer."""
     if request.method not in ("GET", "HEAD"):
         return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
                       status_code=405, headers={"Allow": "GET, HEAD"})
@@ -347,12 +452,7 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
         status = await _db(call_operation_status)(call_pk=call.pk)
         baseline = seen or status
         if wait > 0 and status == baseline and status not in FINAL_STATUSES:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + wait
-            while (remaining := deadline - loop.time()) > 0:
-                await asyncio.sleep(min(POLL_SECONDS, remaining))
-                if await _db(call_operation_status)(call_pk=call.pk) != baseline:
-                    break
+            await _wait_for_change(call.pk, baseline, wait)
         return _json(await _db(_call_body)(call, request))
     except DomainError as exc:
         return _error(exc.code, exc.message, exc.details, status_code=exc.status)

@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 from django.db import connection
 from django.test import AsyncClient
@@ -90,6 +91,18 @@ def test_it_answers_when_the_status_changes(proposed, poll_started):
     body = response.json()
     assert body["status"] == "dispatched"
     assert [a["number"] for a in body["attempts"]] == [1]
+
+
+@pytest.mark.skipif(settings.CHANNEL_LAYER_URL.startswith("memory://"),
+                    reason="the doorbell crosses threads and processes through Redis")
+def test_a_waiting_poll_wakes_on_the_committed_event_not_on_a_timer(proposed, poll_started, monkeypatch):
+    """The fallback poll is pushed past the wait: the answer can only carry the new status if
+    the commit's doorbell woke the poll (else it would time out with `authorized`)."""
+    monkeypatch.setattr(ledger_api, "FALLBACK_POLL_SECONDS", 3600)
+    changer = dispatch_when(poll_started, proposed["operation_id"])
+    response = get("/api/v1/calls/call-1", wait=30)
+    changer.join(timeout=30)
+    assert response.json()["status"] == "dispatched"
 
 
 def test_it_times_out_with_the_unchanged_status(proposed):
