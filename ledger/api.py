@@ -403,11 +403,16 @@ class _Doorbell:
             yield self
         finally:
             self.waiters -= 1
-            if not self.waiters and self.listener is not None:
-                listener, self.listener = self.listener, None
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await listener
+            if not self.waiters:
+                # Forgotten with its last poll: its futures hold the loop, which would keep the
+                # entry of a finished loop alive for ever.
+                if self._by_loop.get(self.loop) is self:
+                    del self._by_loop[self.loop]
+                if self.listener is not None:
+                    listener, self.listener = self.listener, None
+                    listener.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await listener
 
 
 async def _wait_for_change(call_pk: int, baseline: str, wait: float) -> None:

@@ -105,3 +105,12 @@ def test_the_start_leaves_one_event_per_move(api):
     moves = list(Event.objects.filter(entity="task", entity_id=task_id).order_by("id")
                  .values_list("to_status", flat=True))
     assert moves == ["queued", "planning", "running"]
+
+
+def test_a_finished_task_found_by_its_key_takes_no_lease(api):
+    body = create(api, {**CONTRACT, "lease": LEASE}, key="thread-7f3a").json()
+    api.post(f"/api/v1/tasks/{body['task_id']}/transition", {
+        "to": "cancelled", "expected_version": body["version"], "fencing_token": body["fencing_token"]}, format="json")
+    assert_error(create(api, {**CONTRACT, "lease": LEASE}, key="thread-7f3a"), 409, "conflict")
+    again = create(api, CONTRACT, key="thread-7f3a")
+    assert (again.status_code, again.json()["status"]) == (200, "cancelled")
