@@ -222,10 +222,12 @@ def approval_goes_stale(stack: ChaosStack, world: World, rng: random.Random, ind
             ApprovalRequest.objects.filter(pk=p.approval_id).update(
                 expires_at=timezone.now() - timedelta(milliseconds=1))
         else:
+            # A real commit of the agent's (waiting for approval and back is Countersign's and
+            # keeps the version; the approval moved the task back to running already).
             task = Task.objects.get(pk=p.task_id)
-            run_services.task_transition(task_id=p.task_id, to=TaskStatus.RUNNING, expected_version=task.version,
-                                         fencing_token=p.lease_token, actor=world.agent.ref,
-                                         reason="the agent moved on while the approval was queued")
+            run_services.task_transition(task_id=p.task_id, to=TaskStatus.WAITING_EXTERNAL,
+                                         expected_version=task.version, fencing_token=p.lease_token,
+                                         actor=world.agent.ref, reason="the agent moved on while the approval was queued")
     wanted = frozenset({OperationStatus.EXPIRED}) if expires else frozenset({OperationStatus.CANCELLED})
     return Trial({p.operation_id: Expect(wanted, effects=0, attempts=0)})
 

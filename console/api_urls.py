@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from approvals import api as approvals_api
 from ledger import api as ledger_api
 from runs import api as runs_api
 
@@ -14,6 +15,8 @@ urlpatterns = [
     path("tasks/<str:task_id>/transition", runs_api.TaskTransitionApi.as_view(), name="api-task-transition"),
     path("tasks/<str:task_id>/calls", ledger_api.CallProposeApi.as_view(), name="api-call-propose"),
     path("operations/<str:operation_id>", ledger_api.OperationGetApi.as_view(), name="api-operation-get"),
-    # Async (not DRF): a long-poll sleeps on the event loop instead of holding a thread.
-    path("calls/<str:call_id>", ledger_api.call_get, name="api-call-get"),
+    path("tools", approvals_api.ToolListApi.as_view(), name="api-tool-list"),
+    # Async (not DRF): a long-poll sleeps on the event loop instead of holding a thread. A call
+    # ID may hold any printable character, `/` included (sent URL-encoded).
+    path("calls/<path:call_id>", ledger_api.call_get, name="api-call-get"),
 ]

@@ -9,15 +9,26 @@ database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -34,9 +45,12 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from ledger.models import OPERATION_TERMINAL, OperationStatus
-from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
+from console.live import DOORBELL_GROUP
+from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
+    CALL_STATUSES,
+    FINAL_STATUSES,
+    Outcome,
     call_detail,
     call_for_principal,
     call_operation_status,
@@ -44,9 +58,39 @@ from ledger.selectors import (
     operation_for_principal,
 )
 
-DECISIONS = [(value, value) for value in Decision.values]
 MAX_WAIT_SECONDS = 30.0
-POLL_SECONDS = 0.1
+# A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
+# it looks again after this long: a ring can be lost (channels-redis drops over capacity), and an
+# in-memory layer reaches no other process (embedded mode's worker commits where the web
+# server cannot hear it), so there the old short poll stays.
+FALLBACK_POLL_SECONDS = 2.0
+MEMORY_LAYER_POLL_SECONDS = 0.1
+
+logger = logging.getLogger(__name__)
+
+
+class DecisionSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(
+        choices=Outcome.choices,
+        help_text="dispatched (the gate ran it at once), awaiting_approval, approved, rejected (by a reviewer), "
+                  "refused (by the gate), expired, cancelled.")
+    by = serializers.CharField(allow_null=True, help_text="Who decided: system:gate, user:<name>, system:<part>.")
+    at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(allow_null=True, help_text="The reviewer's (or the system's) reason.")
+    approvals_given = serializers.IntegerField()
+    approvals_needed = serializers.IntegerField()
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="When the approval request expires.")
+    url = serializers.SerializerMethodField(help_text="The approval page, for a person.")
+
+    class Meta:
+        ref_name = "CallDecision"
+
+    def get_url(self, outcome) -> str | None:
+        if outcome.approval_id is None:
+            return None
+        path = reverse("approvals:detail", args=[outcome.approval_id])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request is not None else path
 
 
 class OperationOutputSerializer(serializers.Serializer):
@@ -80,15 +124,18 @@ class OperationOutputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "Approval"
 
-    operation_id = serializers.CharField()
+    operation_id = serializers.CharField(allow_null=True, help_text="None for a call the gate refused.")
     call_id = serializers.CharField()
     task_id = serializers.CharField()
     step_id = serializers.CharField()
     tool = serializers.CharField()
-    status = serializers.ChoiceField(choices=OperationStatus.choices)
-    decision = serializers.ChoiceField(choices=DECISIONS)
+    status = serializers.ChoiceField(choices=CALL_STATUSES,
+                                     help_text="The operation's status; `refused` for a call the gate refused.")
+    decision = DecisionSerializer()
+    final = serializers.BooleanField(help_text="Nothing more will happen to this call.")
+    task_version = serializers.IntegerField(help_text="The task's version now.")
     reasons = serializers.ListField(child=serializers.CharField())
-    risk_tier = serializers.IntegerField()
+    risk_tier = serializers.IntegerField(allow_null=True)
     idempotency_key = serializers.CharField()
     arguments_hash = serializers.CharField()
     attempt_count = serializers.IntegerField()
@@ -106,29 +153,90 @@ class OperationOutputSerializer(serializers.Serializer):
         ref_name = "Operation"
 
 
+def printable(value: str) -> None:
+    if not value.isprintable():
+        raise serializers.ValidationError("Printable characters only (no tabs, newlines or other controls).")
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON true or false: "yes" and 1 are not answers to "only ask?"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class CallDryRunOutputSerializer(serializers.Serializer):
+    class Rule(serializers.Serializer):
+        id = serializers.IntegerField()
+        argument_path = serializers.CharField()
+        comparison = serializers.CharField()
+        value = serializers.JSONField()
+        tier = serializers.IntegerField()
+        description = serializers.CharField(allow_blank=True)
+
+        class Meta:
+            ref_name = "EscalationRuleMatched"
+
+    dry_run = serializers.BooleanField(help_text="Always true: nothing was written.")
+    outcome = serializers.ChoiceField(choices=[(value, value) for value in Decision.values],
+                                      help_text="What a proposal of these arguments would be answered now.")
+    risk_tier = serializers.IntegerField(allow_null=True)
+    approvals_needed = serializers.IntegerField()
+    reasons = serializers.ListField(child=serializers.CharField())
+    rules = Rule(many=True, help_text="The escalation rules these arguments match.")
+    tool = serializers.CharField()
+    task_id = serializers.CharField()
+    task_version = serializers.IntegerField()
+
+    class Meta:
+        ref_name = "CallDryRunOutput"
+
+
+# Needed for a proposal, not for a dry run.
+PROPOSAL_ONLY = ("call_id", "step_id", "expected_version", "fencing_token")
+
+
 class CallProposeApi(APIView):
     class InputSerializer(serializers.Serializer):
-        call_id = StrictCharField(max_length=MAX_CALL_ID, help_text="The model's tool-call ID; unique within the task.")
-        step_id = StrictCharField(max_length=MAX_STEP_ID, help_text="One side-effecting call per step.")
+        call_id = StrictCharField(
+            required=False, max_length=MAX_CALL_ID, trim_whitespace=False, validators=[printable],
+            help_text="The model's tool-call ID, unique within the task: any printable characters, kept as sent.")
+        step_id = StrictCharField(required=False, max_length=MAX_STEP_ID,
+                                  help_text="One side-effecting call per step.")
         tool = StrictCharField(max_length=100)
         arguments = JSONObjectField()
-        expected_version = StrictIntegerField(min_value=0)
-        fencing_token = StrictIntegerField(min_value=0)
+        expected_version = StrictIntegerField(required=False, min_value=0)
+        fencing_token = StrictIntegerField(required=False, min_value=0)
+        dry_run = StrictBooleanField(
+            required=False, default=False,
+            help_text="Only ask: the gate's verdict for these arguments now; nothing is written. call_id, "
+                      "step_id, expected_version and fencing_token are then optional.")
 
         class Meta:
             ref_name = "CallProposeInput"
 
+        def validate(self, attrs):
+            if not attrs["dry_run"]:
+                missing = {name: [serializers.Field.default_error_messages["required"]]
+                           for name in PROPOSAL_ONLY if name not in attrs}
+                if missing:
+                    raise serializers.ValidationError(missing)
+            return attrs
+
     class OutputSerializer(serializers.Serializer):
         call_id = serializers.CharField()
         operation_id = serializers.CharField(allow_null=True)
-        decision = serializers.ChoiceField(choices=DECISIONS)
+        decision = DecisionSerializer(source="outcome")
+        final = serializers.BooleanField(source="outcome.final", help_text="Nothing more will happen to this call.")
         status = serializers.CharField(help_text="The operation's status; `refused` when none was created.")
         approval_id = serializers.CharField(allow_null=True)
         reasons = serializers.ListField(child=serializers.CharField())
         risk_tier = serializers.IntegerField(allow_null=True)
         approvals_needed = serializers.IntegerField()
         task_id = serializers.CharField()
-        task_version = serializers.IntegerField()
+        task_version = serializers.IntegerField(help_text="The task's version now (proposing does not move it).")
 
         class Meta:
             ref_name = "CallProposeOutput"
@@ -138,22 +246,32 @@ class CallProposeApi(APIView):
         description=(
             "201: a new operation. 200: answered from the ledger (a repeat of the call ID, the same step "
             "under a new call ID, or a refusal). A repeat with the same arguments is answered before any "
-            "version or token check; the same call ID with other arguments is 422."
+            "version or token check; the same call ID with other arguments is 422. With `dry_run: true`, 200 "
+            "with the gate's verdict (CallDryRunOutput) and nothing written."
         ),
         request=InputSerializer,
-        responses={201: OutputSerializer, 200: OutputSerializer, **errors(400, 401, 403, 404, 409, 422)},
+        responses={
+            201: OutputSerializer,
+            200: PolymorphicProxySerializer(component_name="CallProposeAnswer", resource_type_field_name=None,
+                                            serializers=[OutputSerializer, CallDryRunOutputSerializer]),
+            **errors(400, 401, 403, 404, 409, 422),
+        },
     )
     def post(self, request, task_id: str):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        if data["dry_run"]:
+            answer = call_dry_run(principal=request.user, task_id=task_id, tool_name=data["tool"],
+                                  arguments=data["arguments"])
+            return Response(CallDryRunOutputSerializer(answer).data)
         proposal = call_propose(
             principal=request.user, task_id=task_id, call_id=data["call_id"], step_id=data["step_id"],
             tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],
             fencing_token=data["fencing_token"],
         )
         return Response(
-            self.OutputSerializer(proposal).data,
+            self.OutputSerializer(proposal, context={"request": request}).data,
             status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK,
         )
 
@@ -163,7 +281,7 @@ class OperationGetApi(APIView):
                    responses={200: OperationOutputSerializer, **errors(401, 404)})
     def get(self, request, operation_id: str):
         operation = operation_for_principal(principal=request.user, operation_id=operation_id)
-        return Response(OperationOutputSerializer(operation_detail(operation)).data)
+        return Response(OperationOutputSerializer(operation_detail(operation), context={"request": request}).data)
 
 
 # --- GET /calls/{call_id}?wait= (async) ------------------------------------------------------
@@ -204,24 +322,121 @@ def _parse_wait(raw: str | None) -> float:
     return min(wait, MAX_WAIT_SECONDS)
 
 
-def _call_body(call) -> dict[str, Any]:
-    return dict(OperationOutputSerializer(call_detail(call)).data)
+def _call_body(call, request) -> dict[str, Any]:
+    return dict(OperationOutputSerializer(call_detail(call), context={"request": request}).data)
 
 
 def _parse_seen(raw: str | None) -> str | None:
     if not raw:
         return None
-    if raw not in OperationStatus.values:
+    if raw not in CALL_STATUSES:
         raise InvalidInput("The request is invalid.",
-                           details={"fields": {"seen": ["One of: " + ", ".join(OperationStatus.values) + "."]}})
+                           details={"fields": {"seen": ["One of: " + ", ".join(CALL_STATUSES) + "."]}})
     return raw
+
+
+class _Doorbell:
+    """The events doorbell for the long-polls of one event loop: one channel-layer listener
+    however many polls wait, subscribed with the first and dropped with the last. A poll takes
+    the next ring's future before it reads the status, so a commit between the read and the
+    wait still wakes it."""
+
+    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def for_loop(cls) -> _Doorbell:
+        loop = asyncio.get_running_loop()
+        bell = cls._by_loop.get(loop)
+        if bell is None:
+            bell = cls._by_loop[loop] = cls(loop)
+        return bell
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.rung: asyncio.Future = loop.create_future()
+        self.waiters = 0
+        self.listener: asyncio.Task | None = None
+        self.starting = asyncio.Lock()
+
+    def next_ring(self) -> asyncio.Future:
+        return self.rung
+
+    def _ring(self) -> None:
+        rung, self.rung = self.rung, self.loop.create_future()
+        rung.set_result(None)
+
+    async def _subscribe(self) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            channel = await layer.new_channel()
+            await layer.group_add(DOORBELL_GROUP, channel)
+        except Exception:  # noqa: BLE001 - the fallback poll still answers
+            logger.warning("long-poll doorbell unavailable", exc_info=True)
+            return
+        self.listener = asyncio.create_task(self._listen(layer, channel))
+
+    async def _listen(self, layer, channel: str) -> None:
+        try:
+            while True:
+                try:
+                    await layer.receive(channel)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - the fallback poll still answers
+                    logger.warning("long-poll doorbell receive failed", exc_info=True)
+                    await asyncio.sleep(1)
+                    continue
+                self._ring()
+        finally:
+            with contextlib.suppress(Exception):
+                await layer.group_discard(DOORBELL_GROUP, channel)
+
+    @contextlib.asynccontextmanager
+    async def waiting(self):
+        self.waiters += 1
+        try:
+            async with self.starting:
+                if self.listener is None:
+                    await self._subscribe()
+            yield self
+        finally:
+            self.waiters -= 1
+            if not self.waiters:
+                # Forgotten with its last poll: its futures hold the loop, which would keep the
+                # entry of a finished loop alive for ever.
+                if self._by_loop.get(self.loop) is self:
+                    del self._by_loop[self.loop]
+                if self.listener is not None:
+                    listener, self.listener = self.listener, None
+                    listener.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await listener
+
+
+async def _wait_for_change(call_pk: int, baseline: str, wait: float) -> None:
+    """Until the call's status differs from `baseline` or `wait` seconds have passed, reading
+    the status again at each ring of the doorbell (and at the fallback interval)."""
+    fallback = (MEMORY_LAYER_POLL_SECONDS if settings.CHANNEL_LAYER_URL.startswith("memory://")
+                else FALLBACK_POLL_SECONDS)
+    bell = _Doorbell.for_loop()
+    async with bell.waiting():
+        deadline = bell.loop.time() + wait
+        while (remaining := deadline - bell.loop.time()) > 0:
+            ring = bell.next_ring()
+            if await _db(call_operation_status)(call_pk=call_pk) != baseline:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ring), timeout=min(fallback, remaining))
 
 
 async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     """Long-poll a call: answer when its operation's status differs from the one the agent last
     saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
     with the status as it is then. A call that is already final, or already past `seen`, is
-    answered at once: a poll that starts after the change must not wait for one."""
+    answered at once: a poll that starts after the change must not wait for one. A waiting poll
+    wakes on the committed event (`_wait_for_change`), not on a timer."""
     if request.method not in ("GET", "HEAD"):
         return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
                       status_code=405, headers={"Allow": "GET, HEAD"})
@@ -241,14 +456,9 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
         )
         status = await _db(call_operation_status)(call_pk=call.pk)
         baseline = seen or status
-        if wait > 0 and status == baseline and status not in OPERATION_TERMINAL:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + wait
-            while (remaining := deadline - loop.time()) > 0:
-                await asyncio.sleep(min(POLL_SECONDS, remaining))
-                if await _db(call_operation_status)(call_pk=call.pk) != baseline:
-                    break
-        return _json(await _db(_call_body)(call))
+        if wait > 0 and status == baseline and status not in FINAL_STATUSES:
+            await _wait_for_change(call.pk, baseline, wait)
+        return _json(await _db(_call_body)(call, request))
     except DomainError as exc:
         return _error(exc.code, exc.message, exc.details, status_code=exc.status)
 
@@ -266,10 +476,11 @@ class CallGetApi(APIView):
             OpenApiParameter("seen", OpenApiTypes.STR,
                              description="The status the agent last saw: a different one answers at once."),
             OpenApiParameter("task_id", OpenApiTypes.STR,
-                             description="The call's task; without it, the newest call with this ID in your tenant."),
+                             description="The call's task. Without it, a call ID used in several of your tenant's "
+                                         "tasks is 409 (details.task_ids names them)."),
         ],
         responses={200: OperationOutputSerializer, 400: OpenApiResponse(ErrorSerializer),
-                   **errors(401, 404)},
+                   **errors(401, 404, 409)},
     )
     def get(self, request, call_id: str):  # pragma: no cover - never routed
         raise NotImplementedError

@@ -29,7 +29,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
-from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose
+from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose, task_settle_waiting
 from runs import services as run_services
 from runs.models import Lease, Step
 
@@ -55,6 +55,7 @@ def _approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: str, argum
                 operation_id=request.operation_id, actor=user_ref(reviewer),
                 reason=f"approved ({request.approval_id})", evidence={"approval_id": request.approval_id},
             )
+            task_settle_waiting(task_id=request.task_id, actor=user_ref(reviewer), reason="no call waits any more")
     return request
 
 
@@ -63,6 +64,7 @@ def approval_reject(*, approval_id: str, reviewer: AbstractBaseUser, reason: str
     with transaction.atomic():
         request = approval_services.approval_decline(approval_id=approval_id, reviewer=reviewer, reason=reason)
         ledger_services.operation_reject(operation_id=request.operation_id, actor=user_ref(reviewer), reason=reason)
+        task_settle_waiting(task_id=request.task_id, actor=user_ref(reviewer), reason="no call waits any more")
     return request
 
 
@@ -77,6 +79,7 @@ def _close_with_operation(approval_id: str, *, to: str, actor: str, reason: str,
             status = Operation.objects.filter(pk=request.operation_id).values_list("status", flat=True).get()
             if status in (OperationStatus.PLANNED, OperationStatus.AUTHORIZED):
                 operation_verb(operation_id=request.operation_id, actor=actor, reason=reason)
+            task_settle_waiting(task_id=request.task_id, actor=actor, reason="no call waits any more")
     return request
 
 
@@ -231,6 +234,7 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
             operation_id=old.operation_id, actor=actor,
             reason=f"superseded by the edited call {new_call} ({proposal.operation_id})",
         )
+        task_settle_waiting(task_id=task.task_id, actor=actor, reason="no call waits any more")
     return EditResult(old=old, new=new, call_id=new_call, step_id=new_step,
                       operation_id=proposal.operation_id, decision=proposal.decision)
 
@@ -238,12 +242,13 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
 # ---------------------------------------------------------------------------- lease takeover
 
 
-def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Lease:
+def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None, retake: bool = False) -> Lease:
     """Take or renew the task's lease (`runs.services.lease_acquire`). A takeover makes the
     previous holder's in-flight operations `unknown` before the new holder acts: they are
     reconciled, never assumed failed, never sent again blindly."""
     with transaction.atomic():
-        lease = run_services.lease_acquire(task_id=task_id, owner=owner, ttl_seconds=ttl_seconds, now=now)
+        lease = run_services.lease_acquire(task_id=task_id, owner=owner, ttl_seconds=ttl_seconds, now=now,
+                                           retake=retake)
         if lease.taken_over:
             in_flight = Operation.objects.filter(task_id=task_id, status=OperationStatus.DISPATCHED)
             for operation_id in in_flight.values_list("operation_id", flat=True):

@@ -105,12 +105,22 @@ class Operation(models.Model):
 
 class Call(models.Model):
     """A model's tool call. Unique within its task; several calls may map to one operation
-    (the model regenerated the same step with a new call ID). Approvals bind to a call."""
+    (the model regenerated the same step with a new call ID). Approvals bind to a call.
+
+    A call the gate refused has no operation: its refusal is kept here, so a repeat of it is
+    answered with the same refusal and it can be read back like any other call."""
 
     task = models.ForeignKey("runs.Task", on_delete=models.PROTECT, related_name="calls")
     call_id = models.CharField(max_length=128)
-    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="calls")
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="calls", null=True, blank=True)
     arguments_hash = models.CharField(max_length=64)
+    # A database default: the proposal's single statement inserts calls with the columns it names.
+    step_id = models.CharField(max_length=128, blank=True, db_default="",
+                               help_text="Kept for a refused call (no operation).")
+    tool_name = models.CharField(max_length=100, blank=True, db_default="",
+                                 help_text="Kept for a refused call (no operation).")
+    refusal = models.JSONField(null=True, blank=True,
+                               help_text="The gate's refusal: reasons, risk tier, exhausted budgets.")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

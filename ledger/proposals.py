@@ -27,7 +27,7 @@ from django.utils import timezone
 from approvals import catalog, gate
 from approvals import services as approval_services
 from approvals.gate import Decision
-from approvals.models import Tool
+from approvals.models import ApprovalRequest, ApprovalStatus, EscalationRule, Tool
 from console.lib import sql
 from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
@@ -40,13 +40,17 @@ from ledger.models import Call, Operation, OperationStatus
 from ledger.queries import lease_sql as _lease_sql
 from ledger.queries import task_sql as _task_sql
 from ledger.selectors import (
+    GATE_ACTOR,
+    CallOutcome,
+    Outcome,
     operation_approval,
     operation_decision,
+    operation_outcome,
+    refusal_outcome,
 )
 from runs import services as run_services
 from runs.models import Lease, Step, Task, TaskStatus
 
-GATE_ACTOR = "system:gate"
 MAX_CALL_ID = 64
 MAX_STEP_ID = 128
 CALL_ENTITY = Event.Entity.CALL
@@ -64,6 +68,7 @@ class Proposal:
     status: str  # the operation's status; "refused" when no operation was created
     task_id: str
     task_version: int
+    outcome: CallOutcome
     approval_id: str | None = None
     reasons: tuple[str, ...] = ()
     risk_tier: int | None = None
@@ -83,9 +88,10 @@ def call_propose(
     expected_version: int,
     fencing_token: int | None,
 ) -> Proposal:
-    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID:
-        # Event rows name their entity in 64 characters, and every call leaves events.
-        raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} characters.", details={"call_id": call_id})
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID or not call_id.isprintable():
+        # Event rows name their entity in 64 characters, and every call leaves events. Any
+        # printable character (frameworks invent their own IDs); no control characters.
+        raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} printable characters.", details={"call_id": call_id})
     if not isinstance(step_id, str) or not 0 < len(step_id) <= MAX_STEP_ID:
         raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
     proposal = dict(principal=principal, task_id=task_id, call_id=call_id, step_id=step_id, tool_name=tool_name,
@@ -102,6 +108,14 @@ def call_propose(
 
 class _LostRace(Exception):
     pass
+
+
+def _check_proposing(task: Task) -> None:
+    if task.status not in PROPOSING_STATUSES:
+        raise Conflict(
+            f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
+            details={"task_id": task.task_id, "status": task.status},
+        )
 
 
 def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: str, tool_name: str,
@@ -124,11 +138,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                 "Stale expected_version.",
                 details={"task_id": task.task_id, "expected_version": expected_version, "version": task.version},
             )
-        if task.status not in PROPOSING_STATUSES:
-            raise Conflict(
-                f"Task {task.task_id} is {task.status}; calls are proposed only while it is running.",
-                details={"task_id": task.task_id, "status": task.status},
-            )
+        _check_proposing(task)
         tool = policy.tool(tool_name)
         if tool is None:
             raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
@@ -151,7 +161,8 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
             span.set_attributes({"countersign.decision": result.decision, "countersign.risk_tier": result.risk_tier})
         if result.refused:
-            return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool)
+            return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool,
+                           args_hash=args_hash)
 
         runs_at_once = not result.needs_approval
         step = _step_get_or_create(task, step_id)
@@ -203,6 +214,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                 call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
                 risk_tier=result.risk_tier, created=True,
+                outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 
         ledger_services.operation_created_event(operation, actor=principal.ref)
@@ -212,7 +224,8 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         )
         approval = approval_services.approval_request_create(
             operation=operation, task_type=task.task_type, call_id=call_id,
-            # The version after the move: the dispatcher refuses if the task moved again.
+            # The agent's version (waiting does not move it): the dispatcher refuses if the agent
+            # committed anything since.
             state_version=task.version,
             risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             ttl_seconds=result.approval_ttl_seconds, reasons=list(result.reasons), actor=principal.ref,
@@ -222,7 +235,61 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             task_id=task.task_id, task_version=task.version, approval_id=approval.approval_id,
             reasons=result.reasons, risk_tier=result.risk_tier, approvals_needed=result.approvals_needed,
             created=True,
+            outcome=CallOutcome(outcome=Outcome.AWAITING_APPROVAL, final=False,
+                                approvals_needed=approval.approvals_needed, expires_at=approval.expires_at,
+                                approval_id=approval.approval_id),
         )
+
+
+@dataclass(frozen=True)
+class DryRun:
+    task_id: str
+    task_version: int
+    tool: str
+    outcome: str  # dispatched, awaiting_approval or refused
+    risk_tier: int | None
+    approvals_needed: int
+    reasons: tuple[str, ...]
+    rules: tuple[EscalationRule, ...]  # the escalation rules that matched these arguments
+    dry_run: bool = True
+
+
+def call_dry_run(*, principal: AgentPrincipal, task_id: str, tool_name: str, arguments: dict[str, Any]) -> DryRun:
+    """What the gate would answer a proposal of these arguments now, writing nothing: the same
+    schema (400), authorization (403), task status (409), budgets and tier as `call_propose`,
+    without the ledger (a call ID, a version or a token are not asked for)."""
+    task = Task.objects.filter(task_id=task_id, tenant_id=principal.tenant_id).first()
+    if task is None:
+        raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
+    _check_proposing(task)
+    policy = catalog.current()
+    tool = policy.tool(tool_name)
+    if tool is None:
+        raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
+    args_hash = gate.validate_arguments(tool=tool, arguments=arguments)
+    gate.authorize(principal=principal, task=task, tool=tool, catalog=policy)
+    result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
+    rules = tuple(rule for rule in policy.rules(tool) if gate.rule_matches(rule, arguments)[0])
+    return DryRun(task_id=task.task_id, task_version=task.version, tool=tool.name, outcome=result.decision,
+                  risk_tier=result.risk_tier, approvals_needed=result.approvals_needed, reasons=result.reasons,
+                  rules=rules if result.risk_tier is not None else ())
+
+
+def task_settle_waiting(*, task_id: str, actor: str, reason: str) -> None:
+    """The task leaves `waiting_approval` (for `running`, the version unchanged) once none of
+    its calls waits for a person. Called in the transaction that decided a held call.
+
+    The task row is locked before the pending requests are counted: a proposal holding it may
+    be adding one, and the count must see it (PostgreSQL reads each statement at its start, so
+    after the lock). The read before the lock only skips tasks that are not waiting."""
+    if not Task.objects.filter(pk=task_id, status=TaskStatus.WAITING_APPROVAL).exists():
+        return
+    task = run_services.task_lock(task_id=task_id)
+    if task.status != TaskStatus.WAITING_APPROVAL:
+        return
+    if ApprovalRequest.objects.filter(task_id=task_id, status=ApprovalStatus.PENDING).exists():
+        return
+    run_services.task_stop_waiting(task=task, actor=actor, reason=reason)
 
 
 def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,
@@ -264,12 +331,21 @@ def _call(task: Task, call_id: str) -> Call | None:
 
 def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: str) -> Proposal:
     operation = call.operation
-    if (call.arguments_hash, operation.tool.name, operation.step.step_id) != (args_hash, tool_name, step_id):
+    known = ((operation.tool.name, operation.step.step_id) if operation is not None
+             else (call.tool_name, call.step_id))
+    if (call.arguments_hash, *known) != (args_hash, tool_name, step_id):
         raise IntentMismatch(
             f"Call {call.call_id} was proposed before with other arguments; a call ID names one intent.",
-            details={"call_id": call.call_id, "operation_id": operation.operation_id,
-                     "arguments_hash": call.arguments_hash, "tool": operation.tool.name,
-                     "step_id": operation.step.step_id},
+            details={"call_id": call.call_id, "operation_id": call.operation_id,
+                     "arguments_hash": call.arguments_hash, "tool": known[0], "step_id": known[1]},
+        )
+    if operation is None:
+        refusal = call.refusal or {}
+        reasons = tuple(refusal.get("reasons", ()))
+        return Proposal(
+            call_id=call.call_id, operation_id=None, decision=Decision.REFUSED, status=Decision.REFUSED,
+            task_id=task.task_id, task_version=task.version, reasons=reasons, risk_tier=refusal.get("risk_tier"),
+            outcome=refusal_outcome(reasons=reasons, at=call.created_at), repeat=True,
         )
     return _answer(operation, task=task, call_id=call.call_id, repeat=True)
 
@@ -315,12 +391,14 @@ def _answer(operation: Operation, *, task: Task, call_id: str, repeat: bool = Fa
         approval_id=approval.approval_id if approval is not None else None,
         reasons=tuple(reasons), risk_tier=operation.risk_tier,
         approvals_needed=approval.approvals_needed if approval is not None else 0,
-        repeat=repeat,
+        repeat=repeat, outcome=operation_outcome(operation, approval),
     )
 
 
 def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, call_id: str, step_id: str,
-            tool: Tool) -> Proposal:
+            tool: Tool, args_hash: str) -> Proposal:
+    """The refusal is recorded as the call (with no operation), so a repeat of the call ID is
+    answered the same refusal from the ledger, and the call can be read back."""
     if result.exhausted_budgets and task.status != TaskStatus.PAUSED:
         run_services.task_pause(
             task=task, actor=GATE_ACTOR, reason=f"budget ran out: {', '.join(result.exhausted_budgets)}",
@@ -334,9 +412,21 @@ def _refuse(result: gate.GateResult, *, principal: AgentPrincipal, task: Task, c
                   "arguments_hash": result.arguments_hash, "risk_tier": result.risk_tier,
                   "reasons": list(result.reasons), "exhausted_budgets": list(result.exhausted_budgets)},
     )
+    now = timezone.now()
+    # ON CONFLICT DO NOTHING, no savepoint: the task row is locked, so another writer of this
+    # call ID can only be one that does not hold it; its row is the answer (`_LostRace`).
+    written = sql.insert(Call, [{
+        "task": task, "call_id": call_id, "operation_id": None, "arguments_hash": args_hash, "created_at": now,
+        "step_id": step_id, "tool_name": tool.name,
+        "refusal": {"reasons": list(result.reasons), "risk_tier": result.risk_tier,
+                    "exhausted_budgets": list(result.exhausted_budgets)},
+    }], returning=("id",), ignore_conflicts=True)
+    if not written:
+        raise _LostRace
     return Proposal(
         call_id=call_id, operation_id=None, decision=Decision.REFUSED, status=Decision.REFUSED, task_id=task.task_id,
         task_version=task.version, reasons=result.reasons, risk_tier=result.risk_tier,
+        outcome=refusal_outcome(reasons=result.reasons, at=now),
     )
 
 

@@ -3,13 +3,88 @@ operation stands for (the same answer a repeated proposal gets)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+
+from django.db import models
 
 from approvals.gate import Decision
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
-from console.lib.errors import NotFound
+from console.lib.errors import Conflict, NotFound
 from console.models import AgentPrincipal, Event
-from ledger.models import Call, Operation, OperationStatus
+from ledger.models import OPERATION_TERMINAL, Call, Operation, OperationStatus
+from runs.models import Task
+
+GATE_ACTOR = "system:gate"
+# A call the gate refused has no operation; its status reads as this.
+REFUSED = "refused"
+CALL_STATUSES = [*OperationStatus.values, REFUSED]
+FINAL_STATUSES = frozenset({*OPERATION_TERMINAL, REFUSED})
+
+
+class Outcome(models.TextChoices):
+    """The decision on a call, as the agent is told it."""
+
+    DISPATCHED = "dispatched"  # the gate ran it at once
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPROVED = "approved"
+    REJECTED = "rejected"  # by a reviewer
+    REFUSED = "refused"  # by the gate
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """One fact, in one place: what was decided on a call, by whom, when and why."""
+
+    outcome: str
+    final: bool
+    by: str | None = None
+    at: datetime | None = None
+    reason: str | None = None
+    approvals_given: int = 0
+    approvals_needed: int = 0
+    expires_at: datetime | None = None
+    approval_id: str | None = None
+
+
+def refusal_outcome(*, reasons: list[str] | tuple[str, ...], at: datetime) -> CallOutcome:
+    return CallOutcome(outcome=Outcome.REFUSED, final=True, by=GATE_ACTOR, at=at, reason="; ".join(reasons) or None)
+
+
+def _last_event(operation: Operation, to_status: str) -> Event | None:
+    return (Event.objects.filter(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id,
+                                 to_status=to_status).order_by("-id").first())
+
+
+def operation_outcome(operation: Operation, approval: ApprovalRequest | None) -> CallOutcome:
+    """The decision an operation stands for. Rejected, expired and cancelled are told by the
+    event that ended it (a rejection's reason is the reviewer's); approved by the last approval
+    given; a call the gate ran at once by its authorization."""
+    given = (approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).select_related("reviewer")
+             .order_by("created_at", "id") if approval is not None else [])
+    common = {
+        "final": operation.status in OPERATION_TERMINAL,
+        "approvals_given": len(given),
+        "approvals_needed": approval.approvals_needed if approval is not None else 0,
+        "expires_at": approval.expires_at if approval is not None else None,
+        "approval_id": approval.approval_id if approval is not None else None,
+    }
+    status = operation.status
+    if status == OperationStatus.PLANNED:
+        return CallOutcome(outcome=Outcome.AWAITING_APPROVAL, **common)
+    if status in (OperationStatus.REJECTED, OperationStatus.EXPIRED, OperationStatus.CANCELLED):
+        event = _last_event(operation, status)
+        return CallOutcome(outcome=status, by=event.actor if event else None, at=event.created_at if event else None,
+                           reason=(event.reason or None) if event else None, **common)
+    if operation.needs_approval and given:
+        last = given[len(given) - 1]
+        return CallOutcome(outcome=Outcome.APPROVED, by=f"user:{last.reviewer.get_username()}",
+                           at=approval.decided_at or last.created_at, reason=last.reason or None, **common)
+    # The gate ran it at once: decided when the operation was created.
+    return CallOutcome(outcome=Outcome.DISPATCHED, by=GATE_ACTOR, at=operation.created_at, **common)
 
 # Operations that ended without ever being sent: the call's answer is a refusal.
 REFUSED_STATUSES = frozenset({OperationStatus.REJECTED, OperationStatus.EXPIRED, OperationStatus.CANCELLED})
@@ -28,20 +103,25 @@ def operation_for_principal(*, principal: AgentPrincipal, operation_id: str) -> 
 
 
 def call_for_principal(*, principal: AgentPrincipal, call_id: str, task_id: str | None = None) -> Call:
-    """The call with this ID in the principal's tenant (call IDs are unique per task: without
-    `task_id` the newest one wins)."""
+    """The call with this ID in the principal's tenant. Call IDs are unique per task only:
+    without `task_id`, an ID used in several tasks is a Conflict naming them (answering the
+    newest would hand an agent another task's call)."""
     qs = Call.objects.filter(call_id=call_id, task__tenant_id=principal.tenant_id)
     if task_id:
         qs = qs.filter(task_id=task_id)
-    call = qs.order_by("-created_at", "-id").first()
-    if call is None:
+    calls = list(qs.order_by("-created_at", "-id")[:2] if task_id else qs.order_by("-created_at", "-id")[:21])
+    if not calls:
         raise NotFound(f"No call {call_id}.", details={"call_id": call_id, "task_id": task_id})
-    return call
+    if len(calls) > 1:
+        raise Conflict(f"Call ID {call_id} is used in several tasks; say which with ?task_id=.",
+                       details={"call_id": call_id, "task_ids": sorted({call.task_id for call in calls})})
+    return calls[0]
 
 
-def call_operation_status(*, call_pk: int) -> str | None:
-    """The cheap read a long-poll repeats."""
-    return Call.objects.filter(pk=call_pk).values_list("operation__status", flat=True).first()
+def call_operation_status(*, call_pk: int) -> str:
+    """The cheap read a long-poll repeats: the operation's status, `refused` for a call the
+    gate refused."""
+    return Call.objects.filter(pk=call_pk).values_list("operation__status", flat=True).first() or REFUSED
 
 
 def operation_approval(operation: Operation, *, call_id: str | None = None) -> ApprovalRequest | None:
@@ -90,12 +170,17 @@ def approval_detail(approval: ApprovalRequest | None) -> dict[str, Any] | None:
     }
 
 
+def _task_version(task_id: str) -> int:
+    return Task.objects.values_list("version", flat=True).get(pk=task_id)
+
+
 def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[str, Any]:
     """The shape of GET /operations/{id} and GET /calls/{id}. Through a call, `call_id` is that
     call's ID (which may be a regeneration of the one that created the operation)."""
     call_id = call.call_id if call is not None else operation.call_id
     approval = operation_approval(operation, call_id=call_id)
-    decision, reasons = operation_decision(operation, approval)
+    _, reasons = operation_decision(operation, approval)
+    outcome = operation_outcome(operation, approval)
     return {
         "operation_id": operation.operation_id,
         "call_id": call_id,
@@ -103,7 +188,9 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
         "step_id": operation.step.step_id,
         "tool": operation.tool.name,
         "status": operation.status,
-        "decision": decision,
+        "decision": outcome,
+        "final": outcome.final,
+        "task_version": _task_version(operation.task_id),
         "reasons": reasons,
         "risk_tier": operation.risk_tier,
         "idempotency_key": operation.idempotency_key,
@@ -132,6 +219,22 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
     }
 
 
+def refused_call_detail(call: Call) -> dict[str, Any]:
+    """A call the gate refused, in the shape of an operation's detail (it has none)."""
+    refusal = call.refusal or {}
+    outcome = refusal_outcome(reasons=refusal.get("reasons", []), at=call.created_at)
+    return {
+        "operation_id": None, "call_id": call.call_id, "task_id": call.task_id, "step_id": call.step_id,
+        "tool": call.tool_name, "status": REFUSED, "decision": outcome, "final": True,
+        "task_version": _task_version(call.task_id), "reasons": list(refusal.get("reasons", [])),
+        "risk_tier": refusal.get("risk_tier"), "idempotency_key": "", "arguments_hash": call.arguments_hash,
+        "attempt_count": 0, "attempts": [], "receipt": None, "result": None, "last_error": "", "approval": None,
+        "call_ids": [call.call_id], "created_at": call.created_at, "updated_at": call.created_at,
+    }
+
+
 def call_detail(call: Call) -> dict[str, Any]:
+    if call.operation_id is None:
+        return refused_call_detail(call)
     operation = Operation.objects.select_related("tool", "step").get(pk=call.operation_id)
     return operation_detail(operation, call=call)

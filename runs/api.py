@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.gate import CONSTRAINT_TYPES, parse_deadline
 from console.api import JSONObjectField, StrictCharField, StrictIntegerField, errors
-from ledger import decisions
+from ledger import decisions, starts
 from runs import services
 from runs.models import TaskStatus
 from runs.selectors import task_for_principal, task_lease
@@ -96,6 +97,28 @@ class TaskOutputSerializer(serializers.Serializer):
 # --- views -----------------------------------------------------------------------------------
 
 
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def idempotency_key(request) -> str:
+    """The Idempotency-Key header: absent is no key; present, 1 to 255 printable ASCII characters."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return ""
+    if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX or not all(" " <= ch <= "~" for ch in key):
+        raise serializers.ValidationError(
+            {"Idempotency-Key": [f"1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters."]})
+    return key
+
+
+class LeaseInputSerializer(serializers.Serializer):
+    owner = StrictCharField(max_length=160)
+    ttl_seconds = StrictIntegerField(min_value=1, max_value=3600)
+
+    class Meta:
+        ref_name = "TaskLeaseInput"
+
+
 class TaskCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
         task_type = StrictCharField(max_length=100)
@@ -104,11 +127,25 @@ class TaskCreateApi(APIView):
         success_criteria = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
         constraints = JSONObjectField(required=False, default=dict, validators=[validate_constraints])
         versions = JSONObjectField(required=False, default=dict)
+        lease = LeaseInputSerializer(
+            required=False,
+            help_text="Also lease the task to this owner and move it to `running`, in the same call. The same "
+                      "owner re-takes its own live lease with a new fencing token; another owner waits for expiry.",
+        )
 
         class Meta:
             ref_name = "TaskCreateInput"
 
     class OutputSerializer(serializers.Serializer):
+        class Lease(serializers.Serializer):
+            owner = serializers.CharField()
+            fencing_token = serializers.IntegerField()
+            generation = serializers.IntegerField()
+            expires_at = serializers.DateTimeField()
+
+            class Meta:
+                ref_name = "TaskCreateLease"
+
         task_id = serializers.CharField()
         status = serializers.CharField(help_text=TASK_STATUSES)
         version = serializers.IntegerField()
@@ -116,20 +153,35 @@ class TaskCreateApi(APIView):
             child=serializers.CharField(),
             help_text="Constraint keys stored with the contract that no gate enforces.",
         )
+        fencing_token = serializers.IntegerField(allow_null=True, help_text="With `lease`: the token to act with.")
+        lease = Lease(allow_null=True, help_text="With `lease`: the lease held now.")
 
         class Meta:
             ref_name = "TaskCreateOutput"
 
     @extend_schema(
-        operation_id="task_create", summary="Register a task contract",
-        request=InputSerializer, responses={201: OutputSerializer, **errors(400, 401)},
+        operation_id="task_create", summary="Register (or find) a task contract; optionally lease and start it",
+        description="With an `Idempotency-Key` header (e.g. the framework's thread ID): the same key and the same "
+                    "contract answer the task registered first (200); the same key with another contract is 422. "
+                    "Keys belong to the agent and do not expire.",
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                                     description="1 to 255 printable ASCII characters.")],
+        request=InputSerializer,
+        responses={201: OutputSerializer, 200: OutputSerializer, **errors(400, 401, 409, 422)},
     )
     def post(self, request):
+        key = idempotency_key(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        task = services.task_create(principal=request.user, **serializer.validated_data)
+        contract = dict(serializer.validated_data)
+        lease = contract.pop("lease", None)
+        start = starts.task_start(principal=request.user, contract=contract, idempotency_key=key, lease=lease)
+        task = start.task
         task.unenforced_constraints = sorted(set(task.constraints) - set(CONSTRAINT_TYPES))
-        return Response(self.OutputSerializer(task).data, status=status.HTTP_201_CREATED)
+        task.fencing_token = start.lease.fencing_token if start.lease is not None else None
+        task.lease = start.lease
+        return Response(self.OutputSerializer(task).data,
+                        status=status.HTTP_201_CREATED if start.created else status.HTTP_200_OK)
 
 
 class TaskGetApi(APIView):
@@ -141,12 +193,7 @@ class TaskGetApi(APIView):
 
 
 class TaskLeaseApi(APIView):
-    class InputSerializer(serializers.Serializer):
-        owner = StrictCharField(max_length=160)
-        ttl_seconds = StrictIntegerField(min_value=1, max_value=3600)
-
-        class Meta:
-            ref_name = "TaskLeaseInput"
+    InputSerializer = LeaseInputSerializer
 
     class OutputSerializer(serializers.Serializer):
         task_id = serializers.CharField()

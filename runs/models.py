@@ -55,6 +55,11 @@ class Task(models.Model):
     status = models.CharField(max_length=32, choices=TaskStatus.choices, default=TaskStatus.QUEUED)
     version = models.PositiveIntegerField(default=1)
     superseded_by = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    idempotency_key = models.CharField(
+        max_length=255, blank=True,
+        help_text="The agent's Idempotency-Key (e.g. its framework's thread ID): one task per key and agent.",
+    )
+    contract_hash = models.CharField(max_length=64, blank=True, help_text="Canonical hash of the contract.")
     calls_used = models.PositiveIntegerField(default=0)
     writes_used = models.PositiveIntegerField(default=0)
     amount_used = models.DecimalField(max_digits=18, decimal_places=4, default=0)
@@ -64,6 +69,10 @@ class Task(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["tenant", "status", "updated_at"], name="task_list_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["actor", "idempotency_key"], condition=~models.Q(idempotency_key=""),
+                                    name="task_unique_idempotency_key"),
         ]
 
     def __str__(self) -> str:

@@ -10,12 +10,22 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
+from console.lib.canonical import sha256_hex
+from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
 from console.models import AgentPrincipal, Event
 from runs import tasks
 from runs.models import TASK_TERMINAL, Lease, Step, Task, TaskStatus
+
+CONTRACT_FIELDS = ("task_type", "goal", "inputs", "success_criteria", "constraints", "versions")
+
+
+def contract_hash(contract: dict[str, Any]) -> str:
+    """What an Idempotency-Key binds to: the canonical hash of the contract's fields (absent
+    optional fields count as their empty defaults)."""
+    defaults = {"inputs": {}, "success_criteria": [], "constraints": {}, "versions": {}}
+    return sha256_hex({name: contract.get(name) or defaults.get(name) for name in CONTRACT_FIELDS})
 
 
 def task_create(
@@ -27,6 +37,7 @@ def task_create(
     success_criteria: list[Any] | None = None,
     constraints: dict[str, Any] | None = None,
     versions: dict[str, Any] | None = None,
+    idempotency_key: str = "",
 ) -> Task:
     with transaction.atomic():
         task = Task.objects.create(
@@ -39,12 +50,44 @@ def task_create(
             success_criteria=success_criteria or [],
             constraints=constraints or {},
             versions=versions or {},
+            idempotency_key=idempotency_key,
+            contract_hash=contract_hash({"task_type": task_type, "goal": goal, "inputs": inputs,
+                                         "success_criteria": success_criteria, "constraints": constraints,
+                                         "versions": versions}),
         )
         record_event(
             entity=Task.EVENT_ENTITY, entity_id=task.task_id, tenant_id=task.tenant_id,
             kind=Event.Kind.CREATED, to_status=task.status, actor=principal.ref, reason="task contract registered",
         )
     return task
+
+
+def task_create_or_get(*, principal: AgentPrincipal, idempotency_key: str, **contract: Any) -> tuple[Task, bool]:
+    """The agent's task for this key, created if new: (task, created). The same key with
+    another contract is IntentMismatch (422). Two requests with one key at once make one task:
+    the unique constraint decides, and the loser reads the winner's row."""
+    wanted = contract_hash(contract)
+
+    def existing() -> Task | None:
+        task = Task.objects.filter(actor=principal, idempotency_key=idempotency_key).first()
+        if task is not None and task.contract_hash != wanted:
+            raise IntentMismatch(
+                "This Idempotency-Key was used before with another task contract.",
+                details={"idempotency_key": idempotency_key, "task_id": task.task_id},
+            )
+        return task
+
+    task = existing()
+    if task is not None:
+        return task, False
+    try:
+        with transaction.atomic():
+            return task_create(principal=principal, idempotency_key=idempotency_key, **contract), True
+    except IntegrityError:
+        task = existing()
+        if task is None:
+            raise
+        return task, False
 
 
 def _locked_lease(task: Task) -> Lease | None:
@@ -91,6 +134,11 @@ def task_transition(
             "A task succeeds only through its verifier; move it to 'verifying' with evidence.",
             details={"to": to},
         )
+    if to == TaskStatus.WAITING_APPROVAL:
+        raise NotPermitted(
+            "A task waits for approval exactly while one of its calls does; Countersign moves it.",
+            details={"to": to},
+        )
     with transaction.atomic():
         task = Task.objects.filter(task_id=task_id).first()
         if task is None:
@@ -101,6 +149,10 @@ def task_transition(
                 "Stale expected_version.",
                 details={"task_id": task_id, "expected_version": expected_version, "version": task.version},
             )
+        if to == TaskStatus.RUNNING and task.status == TaskStatus.WAITING_APPROVAL:
+            # Waiting for a person is Countersign's to end (when the last held call is decided);
+            # the agent may go on proposing meanwhile. An agent saying "running" is already so.
+            return task
         changes: dict[str, Any] = {"version": F("version") + 1}
         if superseded_by:
             if superseded_by == task_id or not Task.objects.filter(task_id=superseded_by,
@@ -123,11 +175,16 @@ def step_get_or_create(*, task: Task, step_id: str) -> Step:
     return step
 
 
-def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Lease:
+def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None, retake: bool = False) -> Lease:
     """Take or renew the task's lease. The same owner renews and keeps its token; a new owner
     may take over only an expired lease, with generation and fencing token + 1 (and
     `taken_over` set on the lease returned). Callers go through `ledger.decisions.lease_acquire`,
-    which deals with what the previous holder left in flight."""
+    which deals with what the previous holder left in flight.
+
+    `retake`: the same owner starting again (a restarted agent process) gets its own live lease
+    with generation and fencing token + 1, so the process it replaces can no longer commit.
+    Operations already dispatched stay the dispatcher's: the agent's restart says nothing about
+    them, so this is not a takeover."""
     if not 1 <= ttl_seconds <= 3600:
         raise InvalidInput("ttl_seconds must be between 1 and 3600.", details={"ttl_seconds": ttl_seconds})
     now = now or timezone.now()
@@ -145,6 +202,15 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Le
                     lease = Lease.objects.create(task=task, owner=owner, expires_at=expires_at, acquired_at=now)
             except IntegrityError as exc:
                 raise Conflict("Another worker took the lease at the same moment.") from exc
+            kind = Event.Kind.LEASE_ACQUIRED
+        elif lease.owner == owner and lease.is_live(now) and retake:
+            updated = Lease.objects.filter(task_id=task_id, fencing_token=lease.fencing_token).update(
+                expires_at=expires_at, acquired_at=now,
+                generation=F("generation") + 1, fencing_token=F("fencing_token") + 1,
+            )
+            if updated != 1:
+                raise Conflict("Another worker took the lease at the same moment.")
+            lease.refresh_from_db()
             kind = Event.Kind.LEASE_ACQUIRED
         elif lease.owner == owner and lease.is_live(now):
             updated = Lease.objects.filter(
@@ -180,15 +246,32 @@ def lease_acquire(*, task_id: str, owner: str, ttl_seconds: int, now=None) -> Le
     return lease
 
 
+def task_lock(*, task_id: str) -> Task:
+    """The task row, locked until the end of the caller's transaction (PostgreSQL; on SQLite
+    the IMMEDIATE transaction already serializes writers)."""
+    return Task.objects.select_for_update().get(pk=task_id)
+
+
+# Countersign's own moves between `running` and `waiting_approval` keep the version: the version
+# is the agent's (its transitions and its state), so a call held for a person neither makes the
+# agent's `expected_version` stale nor, when it is decided, invalidates another held call.
+
+
 def task_wait_for_approval(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:
-    """running → waiting_approval (compare-and-set on version, version + 1). Already waiting:
-    a no-op, the version stays. Called by the proposal pipeline with the task row locked."""
+    """running → waiting_approval, the version unchanged. Already waiting: a no-op. Called by
+    the proposal pipeline with the task row locked."""
     if task.status == TaskStatus.WAITING_APPROVAL:
         return task
-    transition(
-        task, to=TaskStatus.WAITING_APPROVAL, actor=actor, reason=reason, evidence=evidence,
-        guard={"version": task.version}, changes={"version": F("version") + 1},
-    )
+    transition(task, to=TaskStatus.WAITING_APPROVAL, actor=actor, reason=reason, evidence=evidence,
+               guard={"version": task.version})
+    return task
+
+
+def task_stop_waiting(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:
+    """waiting_approval → running, the version unchanged, once no call of the task waits for a
+    person (the caller holds the task row and has checked)."""
+    transition(task, to=TaskStatus.RUNNING, actor=actor, reason=reason, evidence=evidence,
+               guard={"version": task.version})
     return task
 
 

@@ -79,7 +79,8 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
     call_ids = {r["call_id"] for r in rows if r["task_id"] in known_tasks and not r["operation_id"]} - {""}
     call_ops = {
         (task_id, call_id): op_id
-        for task_id, call_id, op_id in Call.objects.filter(task_id__in=known_tasks, call_id__in=call_ids)
+        for task_id, call_id, op_id in Call.objects.filter(task_id__in=known_tasks, call_id__in=call_ids,
+                                                           operation__isnull=False)
         .values_list("task_id", "call_id", "operation_id")
     } if call_ids else {}
     for r in rows:

@@ -136,7 +136,7 @@ def test_a_call_proposed_on_one_server_is_approved_live_on_the_other_and_survive
     through_b = HttpAgent(server_b, cluster.token)
     task = through_b.running_task(constraints={"max_tool_calls": 100})
     proposal = through_b.refund(task, order_id=f"ord-cluster-{uuid.uuid4().hex[:6]}", amount=120)
-    assert proposal["decision"] == "awaiting_approval"
+    assert proposal["decision"]["outcome"] == "awaiting_approval"
     row = page.locator(f"#approval-{proposal['approval_id']}")
     expect(row).to_be_visible(timeout=15_000)  # proposed on B, arrived live on A
     page.keyboard.press("j")

@@ -42,7 +42,7 @@ def test_a_reviewer_approves_a_live_request_by_keyboard_and_the_refund_happens_o
     api = HttpAgent(stack.url)
     task = api.running_task()
     proposal = api.refund(task, order_id="ord-kettle-1", amount=120)
-    assert proposal["decision"] == "awaiting_approval"
+    assert proposal["decision"]["outcome"] == "awaiting_approval"
     row = page.locator(f"#approval-{proposal['approval_id']}")
     expect(row).to_be_visible()  # arrived live, no reload
 
@@ -70,7 +70,7 @@ def test_support_resolves_a_timeout_after_commit_live_and_the_agent_sees_confirm
     api = HttpAgent(stack.url)
     task = api.running_task()
     proposal = api.refund(task, order_id="fault-timeout-after-commit-kettle", amount=30)
-    assert proposal["decision"] == "dispatched"
+    assert proposal["decision"]["outcome"] == "dispatched"
     row = page.locator(f"#op-{proposal['operation_id']}")
     expect(row).to_be_visible(timeout=30_000)  # the timeout made it unknown; it arrived live
 

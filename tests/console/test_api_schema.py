@@ -13,6 +13,7 @@ PATHS = {
     "/api/v1/tasks/{task_id}/calls": {"post"},
     "/api/v1/operations/{operation_id}": {"get"},
     "/api/v1/calls/{call_id}": {"get"},
+    "/api/v1/tools": {"get"},
 }
 
 
@@ -29,5 +30,8 @@ def test_the_schema_renders_and_lists_every_agent_endpoint():
     wait = [p for p in schema["paths"]["/api/v1/calls/{call_id}"]["get"]["parameters"] if p["name"] == "wait"]
     assert wait and wait[0]["in"] == "query"
     decision = schema["components"]["schemas"]["CallProposeOutput"]["properties"]["decision"]
-    assert decision["$ref"].endswith("DecisionEnum")
-    assert schema["components"]["schemas"]["DecisionEnum"]["enum"] == ["dispatched", "awaiting_approval", "refused"]
+    assert decision["$ref"].endswith("CallDecision")
+    outcome = schema["components"]["schemas"]["CallDecision"]["properties"]["outcome"]["allOf"][0]["$ref"]
+    outcome = outcome.rsplit("/", 1)[1]
+    assert schema["components"]["schemas"][outcome]["enum"] == [
+        "dispatched", "awaiting_approval", "approved", "rejected", "refused", "expired", "cancelled"]

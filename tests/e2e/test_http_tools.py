@@ -60,7 +60,7 @@ def open_ticket(api: HttpAgent, *, call_id: str, title: str) -> dict:
         "call_id": call_id, "step_id": "ticket", "tool": "tickets.create",
         "arguments": {"queue": "billing/eu", "priority": 2, "title": title, "body": "Customer asks for a refund."},
         "expected_version": version, "fencing_token": token})
-    assert proposal["decision"] == "dispatched", proposal
+    assert proposal["decision"]["outcome"] == "dispatched", proposal
     return {**proposal, "task_id": task_id}
 
 

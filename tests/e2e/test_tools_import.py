@@ -34,7 +34,7 @@ def refund(api: HttpAgent, *, order_id: str, amount: float) -> dict:
         "call_id": f"call-{order_id}", "step_id": "refund", "tool": "pay.createRefund",
         "arguments": {"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "broken"},
         "expected_version": version, "fencing_token": token})
-    assert proposal["decision"] == "dispatched", proposal
+    assert proposal["decision"]["outcome"] == "dispatched", proposal
     return {**proposal, "task_id": task_id}
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from urllib.parse import quote
 
 import httpx
 import pytest
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 from django.db import connection
 from django.test import AsyncClient
@@ -76,7 +78,7 @@ def test_it_answers_at_once_with_wait_zero(proposed):
     assert response.status_code == 200
     body = response.json()
     assert (body["call_id"], body["operation_id"], body["status"]) == ("call-1", proposed["operation_id"], "authorized")
-    assert (body["decision"], body["attempts"], body["approval"]) == ("dispatched", [], None)
+    assert (body["decision"]["outcome"], body["attempts"], body["approval"]) == ("dispatched", [], None)
 
 
 def test_it_answers_when_the_status_changes(proposed, poll_started):
@@ -89,6 +91,18 @@ def test_it_answers_when_the_status_changes(proposed, poll_started):
     body = response.json()
     assert body["status"] == "dispatched"
     assert [a["number"] for a in body["attempts"]] == [1]
+
+
+@pytest.mark.skipif(settings.CHANNEL_LAYER_URL.startswith("memory://"),
+                    reason="the doorbell crosses threads and processes through Redis")
+def test_a_waiting_poll_wakes_on_the_committed_event_not_on_a_timer(proposed, poll_started, monkeypatch):
+    """The fallback poll is pushed past the wait: the answer can only carry the new status if
+    the commit's doorbell woke the poll (else it would time out with `authorized`)."""
+    monkeypatch.setattr(ledger_api, "FALLBACK_POLL_SECONDS", 3600)
+    changer = dispatch_when(poll_started, proposed["operation_id"])
+    response = get("/api/v1/calls/call-1", wait=30)
+    changer.join(timeout=30)
+    assert response.json()["status"] == "dispatched"
 
 
 def test_it_times_out_with_the_unchanged_status(proposed):
@@ -111,7 +125,7 @@ def test_task_id_picks_the_call_when_two_tasks_use_one_call_id(api, agent, runni
     other = start_task(agent, owner="worker-2")
     newer = api.post(f"/api/v1/tasks/{other.task_id}/calls", call_body(other, arguments=refund(40)),
                      format="json").json()
-    assert get("/api/v1/calls/call-1").json()["operation_id"] == newer["operation_id"]
+    assert get("/api/v1/calls/call-1", task_id=other.task_id).json()["operation_id"] == newer["operation_id"]
     older = get("/api/v1/calls/call-1", task_id=running_task.task_id).json()
     assert older["operation_id"] == proposed["operation_id"]
 
@@ -120,7 +134,7 @@ def test_it_shows_a_pending_approval(api, running_task):
     api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, arguments=refund(120)),
              format="json")
     body = get("/api/v1/calls/call-1", wait=0).json()
-    assert (body["status"], body["decision"]) == ("planned", "awaiting_approval")
+    assert (body["status"], body["decision"]["outcome"]) == ("planned", "awaiting_approval")
     assert body["approval"]["pending"] is True and body["approval"]["call_id"] == "call-1"
 
 
@@ -172,3 +186,35 @@ def test_a_waiting_poll_does_not_hold_up_other_requests(proposed, running_task, 
     other, answered = asyncio.run(scenario())
     assert other.status_code == 200 and other.json()["task_id"] == running_task.task_id
     assert answered.status_code == 200 and answered.json()["status"] == "dispatched"
+
+
+@pytest.mark.parametrize("call_id", ["toolu/01A", "call 7?x=1#frag", "a%2Fb", "ünïcode/ключ", "/lead"])
+def test_call_ids_with_any_printable_character_are_read_back_url_encoded(asgi_server, running_task, call_id):
+    """Through uvicorn, as agents reach it: the test client's own URL decoding is not the point."""
+    with httpx.Client(base_url=asgi_server.url, headers=AUTH, timeout=30) as client:
+        posted = client.post(f"/api/v1/tasks/{running_task.task_id}/calls", json=call_body(running_task, call_id=call_id))
+        assert posted.status_code == 201, posted.content
+        assert posted.json()["call_id"] == call_id
+        read = client.get(f"/api/v1/calls/{quote(call_id, safe='')}", params={"task_id": running_task.task_id})
+    assert read.status_code == 200, read.content
+    assert (read.json()["call_id"], read.json()["operation_id"]) == (call_id, posted.json()["operation_id"])
+
+
+@pytest.mark.parametrize("call_id", ["tab\there", "new\nline", "nul\x00"])
+def test_call_ids_with_control_characters_are_400(api, running_task, call_id):
+    response = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, call_id=call_id),
+                        format="json")
+    assert_error(response, 400, "invalid")
+
+
+def test_leading_and_trailing_spaces_are_part_of_the_call_id(api, running_task):
+    posted = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, call_id=" c1 "),
+                      format="json")
+    assert posted.json()["call_id"] == " c1 "
+
+
+def test_trap_a_call_id_in_two_tasks_without_task_id_is_409_naming_them(api, agent, running_task, proposed):
+    other = start_task(agent, owner="worker-2")
+    api.post(f"/api/v1/tasks/{other.task_id}/calls", call_body(other, arguments=refund(40)), format="json")
+    error = assert_error(get("/api/v1/calls/call-1"), 409, "conflict")
+    assert sorted(error["details"]["task_ids"]) == sorted([running_task.task_id, other.task_id])

@@ -21,9 +21,13 @@ def test_a_new_call_is_created_and_dispatched(api, running_task):
     assert response.status_code == 201, response.content
     body = response.json()
     operation = Operation.objects.get()
+    decided_at = body["decision"].pop("at")
+    assert decided_at.startswith(operation.created_at.strftime("%Y-%m-%dT%H:%M"))
     assert body == {
-        "call_id": "call-1", "operation_id": operation.operation_id, "decision": "dispatched",
-        "status": "authorized", "approval_id": None, "reasons": ["payments.refund: base tier L1"],
+        "call_id": "call-1", "operation_id": operation.operation_id,
+        "decision": {"outcome": "dispatched", "by": "system:gate", "reason": None, "approvals_given": 0,
+                     "approvals_needed": 0, "expires_at": None, "url": None},
+        "final": False, "status": "authorized", "approval_id": None, "reasons": ["payments.refund: base tier L1"],
         "risk_tier": 1, "approvals_needed": 0, "task_id": running_task.task_id, "task_version": 3,
     }
 
@@ -81,9 +85,9 @@ def test_a_call_that_needs_approval_waits(api, running_task):
     assert response.status_code == 201
     body = response.json()
     approval = ApprovalRequest.objects.get()
-    assert (body["decision"], body["status"], body["approval_id"]) == ("awaiting_approval", "planned",
+    assert (body["decision"]["outcome"], body["status"], body["approval_id"]) == ("awaiting_approval", "planned",
                                                                       approval.approval_id)
-    assert (body["risk_tier"], body["approvals_needed"], body["task_version"]) == (4, 2, 4)
+    assert (body["risk_tier"], body["approvals_needed"], body["task_version"]) == (4, 2, 3)
     assert "amount 250 > 200 → L4" in body["reasons"]
     assert running_task.task.status == "waiting_approval"
 
@@ -91,7 +95,7 @@ def test_a_call_that_needs_approval_waits(api, running_task):
 def test_mail_waits_for_one_approval(api, running_task):
     body = call_body(running_task, tool="mail.send", arguments=MAIL)
     response = api.post(url(running_task.task_id), body, format="json")
-    assert (response.json()["decision"], response.json()["risk_tier"]) == ("awaiting_approval", 2)
+    assert (response.json()["decision"]["outcome"], response.json()["risk_tier"]) == ("awaiting_approval", 2)
 
 
 def test_a_refusal_is_200_with_reasons_and_no_operation(api, agent):
@@ -101,7 +105,7 @@ def test_a_refusal_is_200_with_reasons_and_no_operation(api, agent):
     response = api.post(url(run.task_id), call_body(run), format="json")
     assert response.status_code == 200
     body = response.json()
-    assert (body["decision"], body["status"], body["operation_id"]) == ("refused", "refused", None)
+    assert (body["decision"]["outcome"], body["status"], body["operation_id"]) == ("refused", "refused", None)
     assert body["reasons"] == ["amount 30 exceeds what is left of the budget: 10 of 10"]
     assert not Operation.objects.exists()
 

@@ -33,7 +33,7 @@ def test_it_shows_attempts_receipt_and_result(api, running_task):
     assert (body["receipt"], body["result"], body["approval"]) == ({"refund_id": "re_1"}, {"amount": 30}, None)
     assert [(a["number"], a["fact"], a["latency_ms"], a["stale"]) for a in body["attempts"]] == [
         (1, "known_success", 12, False)]
-    assert (body["tool"], body["step_id"], body["decision"]) == ("payments.refund", "step-1", "dispatched")
+    assert (body["tool"], body["step_id"], body["decision"]["outcome"]) == ("payments.refund", "step-1", "dispatched")
 
 
 def test_it_shows_the_approval_and_its_progress(api, running_task, senior):
@@ -43,8 +43,8 @@ def test_it_shows_the_approval_and_its_progress(api, running_task, senior):
     approval = body["approval"]
     assert (approval["approval_id"], approval["status"], approval["call_id"]) == (
         proposal["approval_id"], "pending", "call-1")
-    assert (approval["approvals_needed"], approval["approvals_given"], approval["state_version"]) == (2, 1, 4)
-    assert (body["status"], body["decision"], body["attempts"]) == ("planned", "awaiting_approval", [])
+    assert (approval["approvals_needed"], approval["approvals_given"], approval["state_version"]) == (2, 1, 3)
+    assert (body["status"], body["decision"]["outcome"], body["attempts"]) == ("planned", "awaiting_approval", [])
 
 
 def test_another_tenants_operation_is_404(api, outsider_api, running_task):

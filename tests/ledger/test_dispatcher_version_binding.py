@@ -30,7 +30,7 @@ def test_a_schema_change_while_waiting_invalidates_the_approval_and_the_call_is_
     running_task = start_task(agent)
     url = f"/api/v1/tasks/{running_task.task_id}/calls"
     first = api.post(url, call_body(running_task, tool="mail.send", arguments=MAIL), format="json").json()
-    assert first["decision"] == "awaiting_approval"
+    assert first["decision"]["outcome"] == "awaiting_approval"
     Tool.objects.filter(name="mail.send").update(schema_version=F("schema_version") + 1)
 
     approval_approve(approval_id=first["approval_id"], reviewer=reviewer)  # the person did not notice
@@ -45,6 +45,6 @@ def test_a_schema_change_while_waiting_invalidates_the_approval_and_the_call_is_
     again = api.post(url, call_body(running_task, tool="mail.send", arguments=MAIL, call_id="call-2",
                                     step_id="step-2", expected_version=task["version"]), format="json")
     assert again.status_code == 201, again.content
-    assert again.json()["decision"] == "awaiting_approval"
+    assert again.json()["decision"]["outcome"] == "awaiting_approval"
     renewed = ApprovalRequest.objects.get(pk=again.json()["approval_id"])
     assert renewed.tool_schema_version == Tool.objects.get(name="mail.send").schema_version == 2

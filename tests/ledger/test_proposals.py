@@ -66,8 +66,8 @@ def test_a_repeat_with_the_same_call_id_and_arguments_gets_the_same_answer(agent
 
 
 def test_a_repeat_is_answered_before_the_version_and_token_checks(agent, running_task):
-    first = propose(agent, running_task, arguments=refund(120))  # moves the task: version + 1
-    assert running_task.version == 4
+    first = propose(agent, running_task, arguments=refund(120))
+    assert running_task.version == 3  # waiting for a person does not move the agent's version
     again = propose(agent, running_task, arguments=refund(120.0), expected_version=1, fencing_token=999)
     assert (again.operation_id, again.decision, again.approval_id) == (
         first.operation_id, "awaiting_approval", first.approval_id)
@@ -175,7 +175,7 @@ def test_a_call_that_needs_approval_makes_the_task_wait(agent, running_task, dja
     assert (proposal.decision, proposal.status, proposal.created) == ("awaiting_approval", "planned", True)
     assert "amount 120 > 50 → L3" in proposal.reasons
     task = running_task.task
-    assert (task.status, task.version) == ("waiting_approval", version_before + 1)
+    assert (task.status, task.version) == ("waiting_approval", version_before)
     assert proposal.task_version == task.version
     approval = ApprovalRequest.objects.get()
     assert approval.approval_id == proposal.approval_id
@@ -230,7 +230,8 @@ def test_a_spent_budget_refuses_the_call_and_pauses_the_task(agent):
     assert (proposal.decision, proposal.status, proposal.operation_id) == ("refused", "refused", None)
     assert proposal.reasons == ("write budget spent: 1 of 1",)
     assert Operation.objects.count() == operations
-    assert not Call.objects.filter(call_id="call-2").exists()
+    refused = Call.objects.get(call_id="call-2")  # recorded with its refusal, no operation
+    assert (refused.operation_id, refused.refusal["reasons"]) == (None, ["write budget spent: 1 of 1"])
     task = run.task
     assert (task.status, task.version) == ("paused", version + 1)
     assert proposal.task_version == task.version

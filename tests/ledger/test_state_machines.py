@@ -47,6 +47,8 @@ pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 S = OperationStatus
 A = ApprovalStatus
 T = TaskStatus
+# Moves an agent may never make: success is a verifier's word, waiting for approval is Countersign's.
+AGENT_FORBIDDEN = frozenset({T.SUCCEEDED, T.WAITING_APPROVAL})
 
 MACHINE_SETTINGS = settings(
     max_examples=30, stateful_step_count=20, deadline=None, database=None,
@@ -302,7 +304,7 @@ class TaskMachine(RuleBasedStateMachine):
     def agent_moves_legally(self, data):
         # A legal move by the lease holder, so that walks get past `queued`.
         status = Task.objects.values_list("status", flat=True).get(pk=self.task_id)
-        moves = sorted(TASK_TRANSITIONS[status] - {T.SUCCEEDED}, key=lambda to: to in TASK_TERMINAL)
+        moves = sorted(TASK_TRANSITIONS[status] - AGENT_FORBIDDEN, key=lambda to: to in TASK_TERMINAL)
         if not moves:
             return
         if not Lease.objects.filter(task_id=self.task_id).exists():
@@ -322,13 +324,13 @@ class TaskMachine(RuleBasedStateMachine):
             fenced_ok = lease is not None and not stale_token
             legal = to == status or to in TASK_TRANSITIONS[status]
             if isinstance(exc, NotPermitted):
-                assert to == T.SUCCEEDED
+                assert to in AGENT_FORBIDDEN
             elif isinstance(exc, IllegalTransition):
                 assert fenced_ok and version_offset == 0 and not legal
             else:
                 assert not fenced_ok or version_offset != 0
             return
-        assert lease is not None and not stale_token and version_offset == 0 and to != T.SUCCEEDED
+        assert lease is not None and not stale_token and version_offset == 0 and to not in AGENT_FORBIDDEN
         new_status, new_version, _, new_events = self.state()
         assert new_status == to
         if to == status:

@@ -86,7 +86,7 @@ def test_task_create_leaves_nothing_behind_when_its_transaction_rolls_back(agent
 
 
 def test_it_moves_a_task_along_a_legal_path_bumping_the_version_each_time(task, token):
-    drive(task, T.PLANNING, T.RUNNING, T.WAITING_APPROVAL, T.RUNNING, T.VERIFYING, token=token)
+    drive(task, T.PLANNING, T.RUNNING, T.PAUSED, T.RUNNING, T.VERIFYING, token=token)
 
     assert task.status == T.VERIFYING
     assert task.version == 6
@@ -95,10 +95,17 @@ def test_it_moves_a_task_along_a_legal_path_bumping_the_version_each_time(task, 
         ("", T.QUEUED),
         (T.QUEUED, T.PLANNING),
         (T.PLANNING, T.RUNNING),
-        (T.RUNNING, T.WAITING_APPROVAL),
-        (T.WAITING_APPROVAL, T.RUNNING),
+        (T.RUNNING, T.PAUSED),
+        (T.PAUSED, T.RUNNING),
         (T.RUNNING, T.VERIFYING),
     ]
+
+
+def test_an_agent_cannot_move_its_task_into_waiting_approval(task, token):
+    drive(task, T.PLANNING, T.RUNNING, token=token)
+    with pytest.raises(NotPermitted):
+        drive(task, T.WAITING_APPROVAL, token=token)
+    assert (task.status, task.version) == (T.RUNNING, 3)
 
 
 def test_it_writes_exactly_one_event_per_transition_with_its_reason_and_evidence(task, token):

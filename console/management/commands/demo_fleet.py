@@ -142,9 +142,10 @@ class FleetAgent:
                                   "body": "Hello,\n\nplease find your countersigned contract attached.\n\nAcme"}}
         self.think(task_id, call["step_id"], prompt_tokens=random.randint(600, 1400))
         answer = self.propose(task_id, {**call, "expected_version": version, "fencing_token": token})
-        if answer.get("decision") == "refused":
+        outcome = answer["decision"]["outcome"]
+        if outcome == "refused":
             return f"{scenario}: refused"
-        if answer.get("decision") == "awaiting_approval":
+        if outcome == "awaiting_approval":
             self.waiting_for_person()
         final = self.wait(answer["call_id"], task_id)
         current = self.client.get(f"/api/v1/tasks/{task_id}").json()
