@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE
 from django.core.exceptions import ImproperlyConfigured
 from environs import Env
 from marshmallow import ValidationError
@@ -48,7 +49,9 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 _INSECURE_KEY = "insecure-embedded-key-do-not-use-in-production"
 SECRET_KEY = env.str("SECRET_KEY", _INSECURE_KEY)
-DEBUG = env.bool("DEBUG", EMBEDDED)
+# Off by default in both modes, `make run` included: errors show the product's own pages
+# (templates/404.html, 403.html, 500.html). A developer turns it on with DEBUG=1 make run.
+DEBUG = env.bool("DEBUG", False)
 ALLOWED_HOSTS = env.csv("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.csv("CSRF_TRUSTED_ORIGINS", [])
 
@@ -81,6 +84,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -172,8 +176,53 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # Every middleware is async-capable, so a long-poll holds no thread while it waits.
 SERVE_STATIC = env.bool("SERVE_STATIC", True)
 
+# --- Content-Security-Policy (django-csp), in both modes ------------------------------------
+# Scripts and styles come from our own static files, or carry the request's nonce
+# (`nonce="{{ request.csp_nonce }}"`); no inline handler, no eval, no style attribute (scripts
+# set styles through the CSSOM, which the policy allows). htmx is told not to inject its
+# indicator <style> and not to eval (the <meta name="htmx-config"> in base.html).
+# `connect-src 'self'` covers the live websockets of the same host and port.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'", NONCE],
+        "style-src": ["'self'", NONCE],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "worker-src": ["'self'", "blob:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
 SESSION_COOKIE_SECURE = not EMBEDDED and env.bool("SESSION_COOKIE_SECURE", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# --- TLS in production (docs/security.md) ----------------------------------------------------
+# Embedded mode serves plain http on loopback, so none of this applies there.
+# HSTS: browsers refuse plain http to this host for SECURE_HSTS_SECONDS once they saw https.
+# Preload is off by default: being on the browsers' preload list is the domain owner's decision,
+# hard to undo, and covers every subdomain (hence the silenced W021 below).
+SECURE_HSTS_SECONDS = 0 if EMBEDDED else env.int("SECURE_HSTS_SECONDS", 31536000, validate=Range(min=0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not EMBEDDED and env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = not EMBEDDED and env.bool("SECURE_HSTS_PRELOAD", False)
+# Plain http is redirected to https; a load balancer's health check over http reaches /healthz.
+SECURE_SSL_REDIRECT = not EMBEDDED and env.bool("SECURE_SSL_REDIRECT", True)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# Behind a proxy that terminates TLS, the header it sets to "https" (e.g. X-Forwarded-Proto).
+# Set it only if the proxy always sets or strips that header: otherwise a client could claim
+# https over plain http. Unset, a TLS-terminating proxy makes SECURE_SSL_REDIRECT loop.
+_proxy_ssl_header = env.str("SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SILENCED_SYSTEM_CHECKS = [] if EMBEDDED or SECURE_HSTS_PRELOAD else ["security.W021"]
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str(
