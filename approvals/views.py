@@ -61,7 +61,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     active = filters.active()
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
-    last_event_id = console_live.latest_event_id()
+    last_event_id = console_live.cursor_for(request.user)
     counts = selectors.tier_counts(scope)
     paginator = Paginator(selectors.inbox_ids(scope, filters), PAGE_SIZE)
     if set(active) <= {"tier"}:
@@ -134,7 +134,7 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
         "reject_form": reject_form or RejectForm(),
         "error": error,
         "error_field": error_field,
-        "last_event_id": console_live.latest_event_id(),
+        "last_event_id": console_live.cursor_for(request.user),
         "notifications": selectors.notifications_for(approval.approval_id),
         "edited_from": selectors.edited_from(approval.approval_id),
         "can_edit": context["can_decide"] and bool((tool.json_schema or {}).get("properties")),

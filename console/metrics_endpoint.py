@@ -39,14 +39,19 @@ class LedgerCollector:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Open on loopback; elsewhere only with `Authorization: Bearer $METRICS_TOKEN`."""
+    """Only with `Authorization: Bearer $METRICS_TOKEN`; off while no token is set.
+
+    The counters cover every tenant: an operator's view, so neither a tenant's session nor an
+    agent's token opens it, and neither does the client's address (behind a reverse proxy on
+    the same machine every request comes from loopback)."""
     token = settings.METRICS_TOKEN
+    if not token:
+        return HttpResponse("metrics are off: set METRICS_TOKEN and scrape with it as a bearer token\n",
+                            status=403, content_type="text/plain")
     header = request.headers.get("Authorization", "")
-    if token:
-        if not hmac.compare_digest(header, f"Bearer {token}"):
-            return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
-    elif request.META.get("REMOTE_ADDR") not in ("127.0.0.1", "::1"):
-        return HttpResponse("set METRICS_TOKEN to scrape from elsewhere\n", status=403, content_type="text/plain")
+    if not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+        return HttpResponse("metrics token required\n", status=401, content_type="text/plain",
+                            headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
     registry = CollectorRegistry()
     registry.register(LedgerCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

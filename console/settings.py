@@ -347,7 +347,7 @@ NOTIFICATION_BACKOFF_SECONDS = env.float("NOTIFICATION_BACKOFF_SECONDS", 2.0, va
 NOTIFICATION_BACKOFF_CAP_SECONDS = env.float("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0, validate=Range(min=0))
 NOTIFICATION_TIMEOUT_SECONDS = env.float("NOTIFICATION_TIMEOUT_SECONDS", 5.0, validate=Range(min=0.1))
 
-# Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
+# Prometheus /metrics (every tenant's counters): only with this bearer token; off while unset.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")
 
 # --- Logging --------------------------------------------------------------------------------
