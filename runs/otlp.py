@@ -41,6 +41,7 @@ class ParsedSpan:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
+    links: int = 0  # links are not stored: only how many there were
 
 
 @dataclass
@@ -102,36 +103,90 @@ def parse_protobuf(body: bytes) -> ParseResult:
                     attributes=_pb_attributes(span.attributes), resource=resource,
                     events=[{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _pb_attributes(e.attributes)}
                             for e in span.events],
+                    links=len(span.links),
                 ))
     return result
 
 
 # --- JSON (OTLP/JSON: lowerCamelCase, ids in hex, 64-bit integers as strings) ----------------
+# Anything an agent sends may have any shape: a container of the wrong type is a 400 for the
+# whole request (nothing in it can be read), a span of the wrong shape is rejected on its own
+# (partial success). Nothing here may raise anything but InvalidInput or, inside a span,
+# _BadSpan.
 
-def _json_value(value: dict[str, Any]) -> Any:
-    if not isinstance(value, dict) or not value:
+INT64 = (-(2**63), 2**63 - 1)
+
+
+class _BadSpan(ValueError):
+    pass
+
+
+def _list_of_objects(value: Any, where: str, *, error: type[Exception] = InvalidInput) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise error(f"{where} must be a list of objects.")
+    return value
+
+
+def _object(value: Any, where: str, *, error: type[Exception] = InvalidInput) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise error(f"{where} must be an object.")
+    return value
+
+
+def _json_int(raw: Any, where: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise _BadSpan(f"{where} must be an integer")
+    try:
+        number = int(raw)
+    except ValueError:
+        raise _BadSpan(f"{where} must be an integer") from None
+    if not INT64[0] <= number <= INT64[1]:
+        raise _BadSpan(f"{where} is outside 64 bits")
+    return number
+
+
+def _json_value(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise _BadSpan("an attribute value must be an AnyValue object")
+    if not value:
         return None
     key, raw = next(iter(value.items()))
     if key == "intValue":
-        return int(raw)
+        return _json_int(raw, "intValue")
     if key == "doubleValue":
-        return _double(float(raw))
+        try:
+            return _double(float(raw))
+        except (TypeError, ValueError):
+            raise _BadSpan("doubleValue must be a number") from None
     if key == "arrayValue":
-        return [_json_value(v) for v in (raw or {}).get("values", [])]
+        return [_json_value(v) for v in _list_of_objects(_object(raw, "arrayValue", error=_BadSpan).get("values"),
+                                                         "arrayValue.values", error=_BadSpan)]
     if key == "kvlistValue":
-        return _json_attributes((raw or {}).get("values", []))
+        return _json_attributes(_object(raw, "kvlistValue", error=_BadSpan).get("values"))
+    if key in ("stringValue", "bytesValue") and not isinstance(raw, str):
+        raise _BadSpan(f"{key} must be a string")
+    if key == "boolValue" and not isinstance(raw, bool):
+        raise _BadSpan("boolValue must be true or false")
     return raw
 
 
 def _json_attributes(attributes: Any) -> dict[str, Any]:
-    if not isinstance(attributes, list):
-        return {}
-    return {kv["key"]: _json_value(kv.get("value", {})) for kv in attributes if isinstance(kv, dict) and "key" in kv}
+    out: dict[str, Any] = {}
+    for kv in _list_of_objects(attributes, "attributes", error=_BadSpan):
+        key = kv.get("key")
+        if not isinstance(key, str):
+            raise _BadSpan("an attribute key must be a string")
+        out[key] = _json_value(kv.get("value", {}))
+    return out
 
 
 def _json_kind(raw: Any) -> str:
     if isinstance(raw, str) and raw.startswith("SPAN_KIND_"):
-        return raw.removeprefix("SPAN_KIND_").lower()
+        return raw.removeprefix("SPAN_KIND_").lower()[:16]
     try:
         return KINDS.get(int(raw or 0), "")
     except (TypeError, ValueError):
@@ -140,35 +195,57 @@ def _json_kind(raw: Any) -> str:
 
 def _json_status(raw: Any) -> str:
     if isinstance(raw, str) and raw.startswith("STATUS_CODE_"):
-        return raw.removeprefix("STATUS_CODE_").lower()
+        code = raw.removeprefix("STATUS_CODE_").lower()
+        return code if code in STATUS.values() else "unset"
     try:
         return STATUS.get(int(raw or 0), "unset")
     except (TypeError, ValueError):
         return "unset"
 
 
+def _json_text(raw: Any, where: str) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str):
+        raise _BadSpan(f"{where} must be a string")
+    return raw
+
+
+def _json_span(span: dict[str, Any], resource: dict[str, Any]) -> ParsedSpan:
+    status = _object(span.get("status"), "status", error=_BadSpan)
+    return ParsedSpan(
+        trace_id=_json_text(span.get("traceId"), "traceId").lower(),
+        span_id=_json_text(span.get("spanId"), "spanId").lower(),
+        parent_span_id=_json_text(span.get("parentSpanId"), "parentSpanId").lower(),
+        name=_json_text(span.get("name"), "name"), kind=_json_kind(span.get("kind")),
+        start_ns=_json_int(span.get("startTimeUnixNano", 0), "startTimeUnixNano"),
+        end_ns=_json_int(span.get("endTimeUnixNano", 0), "endTimeUnixNano"),
+        status_code=_json_status(status.get("code")),
+        status_message=_json_text(status.get("message"), "status.message"),
+        attributes=_json_attributes(span.get("attributes")), resource=resource,
+        events=[{"name": _json_text(e.get("name"), "event name"),
+                 "time_ns": _json_int(e.get("timeUnixNano", 0), "event timeUnixNano"),
+                 "attributes": _json_attributes(e.get("attributes"))}
+                for e in _list_of_objects(span.get("events"), "events", error=_BadSpan)],
+        links=len(_list_of_objects(span.get("links"), "links", error=_BadSpan)),
+    )
+
+
 def parse_json(payload: Any) -> ParseResult:
-    if not isinstance(payload, dict) or not isinstance(payload.get("resourceSpans", []), list):
+    if not isinstance(payload, dict):
         raise InvalidInput("Expected an OTLP/JSON object with resourceSpans.")
     result = ParseResult(spans=[])
-    for resource_spans in payload.get("resourceSpans", []):
-        resource = _json_attributes((resource_spans.get("resource") or {}).get("attributes"))
-        for scope_spans in resource_spans.get("scopeSpans", []) or []:
-            for span in scope_spans.get("spans", []) or []:
+    for i, resource_spans in enumerate(_list_of_objects(payload.get("resourceSpans"), "resourceSpans")):
+        where = f"resourceSpans[{i}]"
+        try:
+            resource = _json_attributes(_object(resource_spans.get("resource"), f"{where}.resource").get("attributes"))
+        except _BadSpan as exc:
+            raise InvalidInput(f"{where}.resource: {exc}.") from exc
+        for j, scope_spans in enumerate(_list_of_objects(resource_spans.get("scopeSpans"), f"{where}.scopeSpans")):
+            for span in _list_of_objects(scope_spans.get("spans"), f"{where}.scopeSpans[{j}].spans"):
                 try:
-                    status = span.get("status") or {}
-                    parsed = ParsedSpan(
-                        trace_id=str(span.get("traceId", "")).lower(), span_id=str(span.get("spanId", "")).lower(),
-                        parent_span_id=str(span.get("parentSpanId", "") or "").lower(), name=str(span.get("name", "")),
-                        kind=_json_kind(span.get("kind")), start_ns=int(span.get("startTimeUnixNano", 0)),
-                        end_ns=int(span.get("endTimeUnixNano", 0)), status_code=_json_status(status.get("code")),
-                        status_message=str(status.get("message", "")),
-                        attributes=_json_attributes(span.get("attributes")), resource=resource,
-                        events=[{"name": e.get("name", ""), "time_ns": int(e.get("timeUnixNano", 0)),
-                                 "attributes": _json_attributes(e.get("attributes"))}
-                                for e in span.get("events", []) or [] if isinstance(e, dict)],
-                    )
-                except (TypeError, ValueError, AttributeError) as exc:
+                    parsed = _json_span(span, resource)
+                except _BadSpan as exc:
                     result.rejected += 1
                     result.errors.append(f"span: {exc}")
                     continue
@@ -184,8 +261,10 @@ def _append(result: ParseResult, span: ParsedSpan) -> None:
         problem = "invalid spanId"
     elif span.parent_span_id and not _valid_id(span.parent_span_id, 16):
         problem = "invalid parentSpanId"
-    elif span.start_ns <= 0 or span.end_ns < span.start_ns:
-        problem = "invalid start/end time"
+    elif not 0 < span.start_ns <= span.end_ns <= INT64[1]:
+        problem = "invalid start/end time (nanoseconds since 1970, at most 2^63 - 1)"
+    elif any(not 0 <= event["time_ns"] <= INT64[1] for event in span.events):
+        problem = "invalid event time"
     if problem:
         result.rejected += 1
         result.errors.append(f"{span.name or 'span'}: {problem}")

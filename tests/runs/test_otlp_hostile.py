@@ -1,0 +1,110 @@
+"""OTLP ingest against hostile input: wrong-shaped JSON is a 400 or a rejected span, never a
+500; one span cannot store unbounded attributes, values, events or links (truncation is
+recorded on the span, as the OpenTelemetry SDK's span limits do); a tenant cannot fill the
+database (a span quota)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from runs.models import Span
+from tests.conftest import AGENT_TOKEN
+from tests.runs.test_otlp import otlp_json, post, span_json
+
+pytestmark = pytest.mark.django_db
+
+
+def kvlist_body(depth: int) -> bytes:
+    """A span whose one attribute is a kvlistValue `depth` deep, as text (json.dumps would
+    recurse past Python's limit)."""
+    value = '{"stringValue": "leaf"}'
+    value = '{"kvlistValue": {"values": [{"key": "k", "value": ' * depth + value + "}]}}" * depth
+    span = json.dumps({**GOOD, "attributes": []}).replace('"attributes": []', f'"attributes": [{{"key": "deep", "value": {value}}}]')
+    return ('{"resourceSpans": [{"scopeSpans": [{"spans": [' + span + "]}]}]}").encode()
+
+
+GOOD = span_json("1111111111111111")
+
+
+def post_raw(client, body: bytes):
+    return client.post("/v1/traces", data=body, content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}")
+BAD_SHAPES = {
+    "resourceSpans holds a string": {"resourceSpans": ["x"]},
+    "resourceSpans is an object": {"resourceSpans": {"x": 1}},
+    "scopeSpans is not a list": {"resourceSpans": [{"scopeSpans": "x"}]},
+    "scopeSpans holds a number": {"resourceSpans": [{"scopeSpans": [3]}]},
+    "spans is a string": {"resourceSpans": [{"scopeSpans": [{"spans": "x"}]}]},
+    "a span is a list": {"resourceSpans": [{"scopeSpans": [{"spans": [[1]]}]}]},
+    "the resource is a string": {"resourceSpans": [{"resource": "x", "scopeSpans": [{"spans": [GOOD]}]}]},
+    "resource attributes are an object": {"resourceSpans": [{"resource": {"attributes": {"a": 1}},
+                                                             "scopeSpans": [{"spans": [GOOD]}]}]},
+    "a resource attribute key is a list": {"resourceSpans": [{
+        "resource": {"attributes": [{"key": ["a"], "value": {"stringValue": "x"}}]},
+        "scopeSpans": [{"spans": [GOOD]}]}]},
+    "a resource int is not a number": {"resourceSpans": [{
+        "resource": {"attributes": [{"key": "a", "value": {"intValue": "many"}}]},
+        "scopeSpans": [{"spans": [GOOD]}]}]},
+    "the payload is a list": [GOOD],
+}
+
+
+@pytest.mark.parametrize("payload", list(BAD_SHAPES.values()), ids=list(BAD_SHAPES))
+def test_a_wrong_shaped_request_is_a_400_in_the_error_shape(client, agent, payload):
+    response = post(client, payload)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid"
+    assert Span.objects.count() == 0
+
+
+@pytest.mark.parametrize("depth", [250, 5000])
+def test_a_kvlist_nested_deeper_than_the_budget_is_a_400(client, agent, depth):
+    response = post_raw(client, kvlist_body(depth))
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid"
+
+
+def test_a_kvlist_within_the_budget_is_stored(client, agent):
+    assert post_raw(client, kvlist_body(10)).status_code == 200
+    assert Span.objects.count() == 1
+
+
+BAD_SPANS = {
+    "an attribute key is a list": {**GOOD, "attributes": [{"key": ["a"], "value": {"stringValue": "x"}}]},
+    "an attribute value is a string": {**GOOD, "attributes": [{"key": "a", "value": "x"}]},
+    "an event attribute key is an object": {**GOOD, "events": [{"name": "e", "timeUnixNano": "1700000000000000000",
+                                                                "attributes": [{"key": {}, "value": {}}]}]},
+    "the start is 10^25 ns": {**GOOD, "startTimeUnixNano": str(10**25), "endTimeUnixNano": str(10**25 + 1)},
+    "the end is 10^25 ns": {**GOOD, "endTimeUnixNano": str(10**25)},
+    "an event time is 10^25 ns": {**GOOD, "events": [{"name": "e", "timeUnixNano": str(10**25)}]},
+    "an int attribute beyond 64 bits": {**GOOD, "attributes": [{"key": "n", "value": {"intValue": str(2**64)}}]},
+    "the status is a string": {**GOOD, "status": "bad"},
+    "events is an object": {**GOOD, "events": {"e": 1}},
+    "the name is an object": {**GOOD, "name": {"a": 1}},
+}
+
+
+@pytest.mark.parametrize("span", list(BAD_SPANS.values()), ids=list(BAD_SPANS))
+def test_a_wrong_shaped_span_is_rejected_and_the_others_stored(client, agent, span):
+    response = post(client, otlp_json(span, span_json("2222222222222222")))
+    assert response.status_code == 200, response.content
+    assert response.json()["partialSuccess"]["rejectedSpans"] == 1
+    assert list(Span.objects.values_list("span_id", flat=True)) == ["2222222222222222"]
+
+
+def test_a_wrong_shaped_protobuf_time_is_rejected_not_a_500(client, agent):
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex("5b8efff798038103d269b633813fc60c"), b"\x01" * 8, "far"
+    span.start_time_unix_nano, span.end_time_unix_nano = 2**64 - 2, 2**64 - 1
+    response = Client().post("/v1/traces", data=request.SerializeToString(), content_type="application/x-protobuf",
+                             HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}")
+    assert response.status_code == 200
+    answer = trace_service_pb2.ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert Span.objects.count() == 0
