@@ -325,6 +325,15 @@ OTEL_ENABLED = env.bool("OTEL_ENABLED", False)
 OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", "countersign")
 OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 
+# --- OTLP ingest limits (runs/otlp.py, docs/security.md) ----------------------------------
+# Per span, as the OpenTelemetry SDK's span limits: what is over is dropped (attributes, events)
+# or cut (values), and the span records how much (dropped_*_count, truncated_values_count).
+OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT = env.int("OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT", 128, validate=Range(min=1))
+OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT = env.int("OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT", 128, validate=Range(min=0))
+OTLP_SPAN_EVENT_COUNT_LIMIT = env.int("OTLP_SPAN_EVENT_COUNT_LIMIT", 128, validate=Range(min=0))
+# Characters of one string value (also the status message and each string in a list).
+OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT = env.int("OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT", 4096, validate=Range(min=1))
+
 # --- Email (notifications to reviewers and support staff) --------------------------------------
 # Embedded mode writes each message to a file under var/mail, so nothing leaves the machine.
 EMAIL_BACKEND = env.str(

@@ -148,6 +148,11 @@ class Span(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     ingested_at = models.DateTimeField(default=timezone.now)
+    # What the ingest limits (runs/otlp.py) and the exporter's own SDK left out, as OTLP says it.
+    dropped_attributes_count = models.PositiveIntegerField(default=0)
+    dropped_events_count = models.PositiveIntegerField(default=0)
+    dropped_links_count = models.PositiveIntegerField(default=0, help_text="links are not stored: all are counted")
+    truncated_values_count = models.PositiveIntegerField(default=0, help_text="values cut to the length limit")
 
     class Meta:
         constraints = [

@@ -9,6 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -41,7 +42,11 @@ class ParsedSpan:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
-    links: int = 0  # links are not stored: only how many there were
+    # What the exporter's SDK already left out, then what our limits leave out (apply_limits).
+    dropped_attributes_count: int = 0
+    dropped_events_count: int = 0
+    dropped_links_count: int = 0  # links are not stored: every link is counted here
+    truncated_values_count: int = 0
 
 
 @dataclass
@@ -103,7 +108,9 @@ def parse_protobuf(body: bytes) -> ParseResult:
                     attributes=_pb_attributes(span.attributes), resource=resource,
                     events=[{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _pb_attributes(e.attributes)}
                             for e in span.events],
-                    links=len(span.links),
+                    dropped_attributes_count=span.dropped_attributes_count,
+                    dropped_events_count=span.dropped_events_count,
+                    dropped_links_count=span.dropped_links_count + len(span.links),
                 ))
     return result
 
@@ -211,6 +218,14 @@ def _json_text(raw: Any, where: str) -> str:
     return raw
 
 
+def _json_count(raw: Any) -> int:
+    """A uint32 count the exporter reports (0 when absent)."""
+    number = _json_int(raw or 0, "a dropped count")
+    if not 0 <= number < 2**32:
+        raise _BadSpan("a dropped count must be a uint32")
+    return number
+
+
 def _json_span(span: dict[str, Any], resource: dict[str, Any]) -> ParsedSpan:
     status = _object(span.get("status"), "status", error=_BadSpan)
     return ParsedSpan(
@@ -227,7 +242,10 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any]) -> ParsedSpan:
                  "time_ns": _json_int(e.get("timeUnixNano", 0), "event timeUnixNano"),
                  "attributes": _json_attributes(e.get("attributes"))}
                 for e in _list_of_objects(span.get("events"), "events", error=_BadSpan)],
-        links=len(_list_of_objects(span.get("links"), "links", error=_BadSpan)),
+        dropped_attributes_count=_json_count(span.get("droppedAttributesCount")),
+        dropped_events_count=_json_count(span.get("droppedEventsCount")),
+        dropped_links_count=_json_count(span.get("droppedLinksCount"))
+        + len(_list_of_objects(span.get("links"), "links", error=_BadSpan)),
     )
 
 
@@ -253,6 +271,62 @@ def parse_json(payload: Any) -> ParseResult:
     return result
 
 
+# --- per-span limits --------------------------------------------------------------------------
+
+class _Limiter:
+    """The OpenTelemetry SDK's span limits, applied on the way in: attributes beyond the count
+    are dropped (the first ones kept, in the order sent), strings cut to the length limit, lists
+    and maps inside a value cut to the attribute count; events beyond theirs dropped. What was
+    left out is counted on the span."""
+
+    def __init__(self) -> None:
+        self.length = settings.OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT
+        self.width = settings.OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT
+        self.truncated = 0
+        self.dropped_attributes = 0
+
+    def text(self, value: str) -> str:
+        if len(value) > self.length:
+            self.truncated += 1
+            return value[:self.length]
+        return value
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            if len(value) > self.width:
+                self.truncated += 1
+                value = value[:self.width]
+            return [self.value(v) for v in value]
+        if isinstance(value, dict):
+            if len(value) > self.width:
+                self.truncated += 1
+                value = dict(list(value.items())[:self.width])
+            return {self.text(k): self.value(v) for k, v in value.items()}
+        return value
+
+    def attributes(self, attributes: dict[str, Any], count: int) -> dict[str, Any]:
+        kept = list(attributes.items())[:count]
+        self.dropped_attributes += len(attributes) - len(kept)
+        return {self.text(key): self.value(value) for key, value in kept}
+
+
+def apply_limits(span: ParsedSpan) -> ParsedSpan:
+    limiter = _Limiter()
+    span.attributes = limiter.attributes(span.attributes, settings.OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT)
+    span.resource = limiter.attributes(span.resource, settings.OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT)
+    span.status_message = limiter.text(span.status_message)
+    kept = span.events[:settings.OTLP_SPAN_EVENT_COUNT_LIMIT]
+    span.dropped_events_count += len(span.events) - len(kept)
+    span.events = [{**event, "name": limiter.text(event["name"]),
+                    "attributes": limiter.attributes(event["attributes"], settings.OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT)}
+                   for event in kept]
+    span.dropped_attributes_count += limiter.dropped_attributes
+    span.truncated_values_count += limiter.truncated
+    return span
+
+
 def _append(result: ParseResult, span: ParsedSpan) -> None:
     problem = None
     if not _valid_id(span.trace_id, 32):
@@ -267,9 +341,9 @@ def _append(result: ParseResult, span: ParsedSpan) -> None:
         problem = "invalid event time"
     if problem:
         result.rejected += 1
-        result.errors.append(f"{span.name or 'span'}: {problem}")
+        result.errors.append(f"{span.name[:100] or 'span'}: {problem}")
     else:
-        result.spans.append(span)
+        result.spans.append(apply_limits(span))
 
 
 # --- the endpoint -----------------------------------------------------------------------------

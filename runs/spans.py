@@ -40,6 +40,9 @@ def _int_or_none(value) -> int | None:
     return number if number is not None and 0 <= number <= _MAX_TOKENS else None
 
 
+DROP_COUNTS = ("dropped_attributes_count", "dropped_events_count", "dropped_links_count", "truncated_values_count")
+
+
 def _ns_to_us(ns: int) -> int:
     return (ns + 500) // 1000  # to the nearest microsecond, what the column holds
 
@@ -71,6 +74,7 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
             "gen_ai_tool": str(attrs.get("gen_ai.tool.name", ""))[:128],
             "input_tokens": _int_or_none(attrs.get("gen_ai.usage.input_tokens")),
             "output_tokens": _int_or_none(attrs.get("gen_ai.usage.output_tokens")),
+            **{name: min(getattr(s, name, 0), _MAX_TOKENS) for name in DROP_COUNTS},
         })
     # Only the tenant's own tasks are linked; a call names an operation within its task.
     task_ids = {r["task_id"] for r in rows} - {""}

@@ -5,6 +5,7 @@ database (a span quota)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from django.test import Client
 
 from runs.models import Span
 from tests.conftest import AGENT_TOKEN
-from tests.runs.test_otlp import otlp_json, post, span_json
+from tests.runs.test_otlp import TRACE, otlp_json, post, span_json
 
 pytestmark = pytest.mark.django_db
 
@@ -108,3 +109,58 @@ def test_a_wrong_shaped_protobuf_time_is_rejected_not_a_500(client, agent):
     answer = trace_service_pb2.ExportTraceServiceResponse.FromString(response.content)
     assert answer.partial_success.rejected_spans == 1
     assert Span.objects.count() == 0
+
+
+# --- per-span limits -------------------------------------------------------------------------
+
+def attribute(key: str, value: str) -> dict:
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def test_a_span_keeps_at_most_the_attribute_limit_and_records_how_many_it_dropped(client, agent, settings):
+    settings.OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT = 128
+    span = {**GOOD, "attributes": [attribute(f"a{i}", "x") for i in range(100_000)], "droppedAttributesCount": 5}
+    assert post(client, otlp_json(span), gzip_it=True).status_code == 200
+    stored = Span.objects.get()
+    assert len(stored.attributes) == 128 and list(stored.attributes)[:2] == ["a0", "a1"]
+    assert stored.dropped_attributes_count == 100_000 - 128 + 5  # ours and the exporter's own
+
+
+def test_a_long_value_is_truncated_and_counted(client, agent, settings):
+    settings.OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT = 4096
+    span = {**GOOD, "status": {"code": 2, "message": "m" * 20_000_000},
+            "attributes": [attribute("big", "b" * 10_000), attribute("small", "s"),
+                           {"key": "list", "value": {"arrayValue": {"values": [{"stringValue": "l" * 5000}]}}}]}
+    body = json.dumps(otlp_json(span)).encode()
+    response = client.post("/v1/traces", data=gzip.compress(body), content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}", HTTP_CONTENT_ENCODING="gzip")
+    assert response.status_code == 200
+    stored = Span.objects.get()
+    assert len(stored.status_message) == 4096
+    assert (len(stored.attributes["big"]), stored.attributes["small"]) == (4096, "s")
+    assert len(stored.attributes["list"][0]) == 4096
+    assert stored.truncated_values_count == 3
+
+
+def test_events_and_their_attributes_are_limited_and_links_counted(client, agent, settings):
+    settings.OTLP_SPAN_EVENT_COUNT_LIMIT = 128
+    settings.OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT = 128
+    events = [{"name": f"e{i}", "timeUnixNano": "1700000000100000000",
+               "attributes": [attribute(f"k{j}", "v") for j in range(200 if i == 0 else 1)]} for i in range(1000)]
+    links = [{"traceId": TRACE, "spanId": "3333333333333333"}] * 7
+    assert post(client, otlp_json({**GOOD, "events": events, "links": links})).status_code == 200
+    stored = Span.objects.get()
+    assert len(stored.events) == 128 and stored.events[0]["name"] == "e0"
+    assert len(stored.events[0]["attributes"]) == 128
+    assert stored.dropped_events_count == 1000 - 128
+    assert stored.dropped_attributes_count == 200 - 128  # the event's, counted on its span
+    assert stored.dropped_links_count == 7  # links are not stored
+
+
+def test_a_nested_value_is_limited_in_width_too(client, agent, settings):
+    settings.OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT = 128
+    wide = {"arrayValue": {"values": [{"intValue": str(i)} for i in range(50_000)]}}
+    assert post(client, otlp_json({**GOOD, "attributes": [{"key": "wide", "value": wide}]})).status_code == 200
+    stored = Span.objects.get()
+    assert len(stored.attributes["wide"]) == 128
+    assert stored.truncated_values_count == 1
