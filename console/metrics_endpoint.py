@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from approvals.models import ApprovalRequest, ApprovalStatus
 from console.models import Event
 from ledger.models import Operation
-from runs.models import Task
+from runs.models import Task, TenantSpanUsage
 
 
 class LedgerCollector:
@@ -33,6 +33,15 @@ class LedgerCollector:
                 n=Count("approval_id")):
             pending.add_metric([f"L{row['risk_tier']}"], row["n"])
         yield pending
+        stored = GaugeMetricFamily("countersign_tenant_spans", "Spans a tenant has stored (its quota's usage)",
+                                   labels=["tenant"])
+        dropped = GaugeMetricFamily("countersign_tenant_spans_dropped_over_quota",
+                                    "Spans dropped because the tenant's span quota was used up", labels=["tenant"])
+        for slug, spans, over in TenantSpanUsage.objects.values_list("tenant__slug", "spans", "dropped_over_quota"):
+            stored.add_metric([slug], spans)
+            dropped.add_metric([slug], over)
+        yield stored
+        yield dropped
         last = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
         yield GaugeMetricFamily("countersign_last_event_id", "Highest event id (grows with every change)",
                                 value=last)

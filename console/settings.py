@@ -333,6 +333,9 @@ OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT = env.int("OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT", 1
 OTLP_SPAN_EVENT_COUNT_LIMIT = env.int("OTLP_SPAN_EVENT_COUNT_LIMIT", 128, validate=Range(min=0))
 # Characters of one string value (also the status message and each string in a list).
 OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT = env.int("OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT", 4096, validate=Range(min=1))
+# Spans one tenant may store (0: no quota). Spans over it are dropped and counted, and the
+# exporter is told in the answer's partialSuccess (not a 429: retrying would not help).
+OTLP_TENANT_SPAN_QUOTA = env.int("OTLP_TENANT_SPAN_QUOTA", 5_000_000, validate=Range(min=0))
 
 # --- Email (notifications to reviewers and support staff) --------------------------------------
 # Embedded mode writes each message to a file under var/mail, so nothing leaves the machine.

@@ -243,3 +243,16 @@ class ReleaseGate(models.Model):
             "gte": value >= self.threshold, "lte": value <= self.threshold, "lt": value < self.threshold,
             "gt": value > self.threshold, "eq": value == self.threshold,
         }[self.comparison]
+
+
+class TenantSpanUsage(models.Model):
+    """How many spans a tenant has stored, for its quota (settings.OTLP_TENANT_SPAN_QUOTA), and
+    how many were dropped because it was used up. Kept by runs.spans.spans_ingest."""
+
+    tenant = models.OneToOneField("console.Tenant", on_delete=models.CASCADE, primary_key=True,
+                                  related_name="span_usage")
+    spans = models.BigIntegerField(default=0)
+    dropped_over_quota = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.spans} spans"

@@ -20,7 +20,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from console.api import error_body, principal_for_authorization
 from console.lib import jsonlimits
 from console.lib.errors import InvalidInput
-from runs.spans import spans_ingest
+from runs.spans import spans_ingest, spans_within_quota
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 PROTOBUF = "application/x-protobuf"
@@ -392,7 +392,12 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
             return _error(415, "unsupported_media_type", "Send application/x-protobuf or application/json.")
     except InvalidInput as exc:
         return _error(400, exc.code, exc.message)
-    spans_ingest(principal=principal, spans=parsed.spans)
+    kept, over_quota = spans_within_quota(principal=principal, spans=parsed.spans)
+    if over_quota:
+        parsed.rejected += over_quota
+        parsed.errors.insert(0, f"{over_quota} spans dropped: the tenant's span quota "
+                                f"({settings.OTLP_TENANT_SPAN_QUOTA} spans) is used up")
+    spans_ingest(principal=principal, spans=kept)
     if content_type == PROTOBUF:
         answer = trace_service_pb2.ExportTraceServiceResponse()
         if parsed.rejected:

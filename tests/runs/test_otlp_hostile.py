@@ -164,3 +164,44 @@ def test_a_nested_value_is_limited_in_width_too(client, agent, settings):
     stored = Span.objects.get()
     assert len(stored.attributes["wide"]) == 128
     assert stored.truncated_values_count == 1
+
+
+# --- the tenant's span quota -----------------------------------------------------------------
+
+def spans(first: int, n: int) -> dict:
+    return otlp_json(*[span_json(f"{first + i:016x}") for i in range(n)])
+
+
+def test_spans_over_the_tenants_quota_are_dropped_counted_and_reported(client, agent, outsider_agent, settings):
+    from runs.models import TenantSpanUsage
+    from tests.conftest import OUTSIDER_TOKEN
+
+    settings.OTLP_TENANT_SPAN_QUOTA = 5
+    assert "partialSuccess" not in post(client, spans(0x1000, 3)).json()
+    answer = post(client, spans(0x2000, 4)).json()  # 2 fit
+    assert answer["partialSuccess"]["rejectedSpans"] == 2
+    assert "quota" in answer["partialSuccess"]["errorMessage"]
+    assert post(client, spans(0x3000, 1)).json()["partialSuccess"]["rejectedSpans"] == 1
+    assert Span.objects.filter(tenant=agent.tenant).count() == 5
+    usage = TenantSpanUsage.objects.get(tenant=agent.tenant)
+    assert (usage.spans, usage.dropped_over_quota) == (5, 3)
+    settings.METRICS_TOKEN = "s3cret"  # the operator sees it
+    metrics = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").content.decode()
+    assert 'countersign_tenant_spans_dropped_over_quota{tenant="acme"} 3.0' in metrics
+    # another tenant has its own quota
+    assert "partialSuccess" not in post(client, spans(0x4000, 5), token=OUTSIDER_TOKEN).json()
+
+
+def test_a_resent_batch_does_not_use_the_quota_twice(client, agent, settings):
+    from runs.models import TenantSpanUsage
+
+    settings.OTLP_TENANT_SPAN_QUOTA = 10
+    for _ in range(6):
+        assert "partialSuccess" not in post(client, spans(0x1000, 2)).json()
+    assert TenantSpanUsage.objects.get(tenant=agent.tenant).spans == 2
+
+
+def test_no_quota_when_it_is_zero(client, agent, settings):
+    settings.OTLP_TENANT_SPAN_QUOTA = 0
+    assert "partialSuccess" not in post(client, spans(0x1000, 20)).json()
+    assert Span.objects.count() == 20
