@@ -8,6 +8,7 @@ refuses an insecure secret key and DEBUG.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -76,6 +77,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    "axes",
     "console",
     "runs",
     "approvals",
@@ -92,6 +94,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: it answers a locked-out login with AXES_LOCKOUT_TEMPLATE.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -160,6 +164,25 @@ AUTH_PASSWORD_VALIDATORS = [] if EMBEDDED else [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before any check
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (django-axes, docs/security.md): after AXES_FAILURE_LIMIT wrong passwords for
+# one username from one address, that pair is locked for AXES_COOLOFF_MINUTES, even with the
+# right password. Failures live in the database, so every server process sees them. A pair, not
+# the username alone, so that nobody can lock a colleague out from elsewhere. Behind a proxy,
+# AXES_IPWARE_PROXY_COUNT says how many proxies append to X-Forwarded-For.
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", 5, validate=Range(min=1))
+AXES_COOLOFF_MINUTES = env.int("AXES_COOLOFF_MINUTES", 15, validate=Range(min=1))
+AXES_COOLOFF_TIME = timedelta(minutes=AXES_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
+AXES_IPWARE_PROXY_COUNT = env.int("AXES_IPWARE_PROXY_COUNT", 0, validate=Range(min=0)) or None
+if AXES_IPWARE_PROXY_COUNT:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
