@@ -323,6 +323,26 @@ REST_FRAMEWORK = {
     # JSON only (the agent API's bodies are JSON objects), with a nesting budget.
     "DEFAULT_PARSER_CLASSES": ["console.api.JSONParser"],
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_CLASSES": ["console.ratelimit.AgentRateThrottle"],
+}
+# Requests a minute per agent token and per tenant, agent API and OTLP together (0: no limit);
+# console/ratelimit.py counts them in the "ratelimit" cache, shared by every server process.
+API_RATE_PER_TOKEN = env.int("API_RATE_PER_TOKEN", 3000, validate=Range(min=0))
+API_RATE_PER_TENANT = env.int("API_RATE_PER_TENANT", 12000, validate=Range(min=0))
+RATE_LIMIT_CACHE_URL = env.str(
+    "RATE_LIMIT_CACHE_URL", CHANNEL_LAYER_URL if CHANNEL_LAYER_URL.startswith("redis") else "",
+    validate=lambda v: not v or _schemes("redis", "rediss")(v),
+)
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "ratelimit": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": RATE_LIMIT_CACHE_URL,
+         "KEY_PREFIX": "countersign-ratelimit"}
+        if RATE_LIMIT_CACHE_URL else
+        # Embedded mode is one machine: files are shared by its processes (increments are not
+        # atomic there, so concurrent requests may be undercounted a little).
+        {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(VAR_DIR / "ratelimit")}
+    ),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Countersign agent API",

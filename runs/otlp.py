@@ -19,7 +19,8 @@ from opentelemetry.proto.common.v1 import common_pb2
 
 from console.api import error_body, principal_for_authorization
 from console.lib import jsonlimits
-from console.lib.errors import InvalidInput
+from console.lib.errors import InvalidInput, RateLimited
+from console.ratelimit import rate_limit_hit
 from runs.spans import spans_ingest, spans_within_quota
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -375,6 +376,12 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
     if principal is None:
         response = _error(401, "unauthenticated", "Use 'Authorization: Bearer <agent token>'.")
         response["WWW-Authenticate"] = "Bearer"
+        return response
+    try:
+        rate_limit_hit(principal)
+    except RateLimited as exc:
+        response = JsonResponse(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        response["Retry-After"] = str(exc.retry_after)
         return response
     content_type = request.content_type or ""
     try:

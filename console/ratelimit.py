@@ -1,0 +1,66 @@
+"""Request limits per agent token and per tenant (agent API and OTLP), docs/security.md.
+
+A fixed one-minute window per token and per tenant, counted with the cache's atomic increment
+in the "ratelimit" cache, which every server process shares: Redis in distributed mode, files
+under var/ in embedded mode (one machine). Over a limit is `RateLimited` (429 in the error
+shape, `Retry-After` in the header and in `details`); a limit of 0 is none.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.core.cache import caches
+from rest_framework.throttling import BaseThrottle
+
+from console.lib.errors import RateLimited
+from console.models import AgentPrincipal
+
+WINDOW_SECONDS = 60
+
+
+def _count(key: str) -> int:
+    cache = caches["ratelimit"]
+    if cache.add(key, 1, timeout=WINDOW_SECONDS * 2):
+        return 1
+    try:
+        return cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, timeout=WINDOW_SECONDS * 2)
+        return 1
+
+
+def rate_limit_hit(principal: AgentPrincipal) -> None:
+    """Count one request of this principal; raise RateLimited if its token or its tenant is
+    over its limit for the current minute."""
+    now = time.time()
+    window = int(now // WINDOW_SECONDS)
+    for scope, ident, limit in (("token", principal.pk, settings.API_RATE_PER_TOKEN),
+                                ("tenant", principal.tenant_id, settings.API_RATE_PER_TENANT)):
+        if not limit:
+            continue
+        if _count(f"{scope}:{ident}:{window}") > limit:
+            retry_after = max(1, int((window + 1) * WINDOW_SECONDS - now + 0.999))
+            raise RateLimited(
+                f"More than {limit} requests a minute for this {scope}; try again in {retry_after} s.",
+                retry_after=retry_after, details={"scope": scope, "limit": limit, "retry_after": retry_after},
+            )
+
+
+def rate_limit_reset(principal: AgentPrincipal) -> None:
+    """Forget this minute's counts of the principal's token and tenant (an operator's reset)."""
+    window = int(time.time() // WINDOW_SECONDS)
+    caches["ratelimit"].delete_many([f"{scope}:{ident}:{w}" for scope, ident in
+                                     (("token", principal.pk), ("tenant", principal.tenant_id))
+                                     for w in (window, window + 1)])
+
+
+class AgentRateThrottle(BaseThrottle):
+    """DRF's throttle hook for the agent API (after authentication): raises RateLimited, which
+    the API's exception handler renders with Retry-After."""
+
+    def allow_request(self, request, view) -> bool:
+        if isinstance(request.user, AgentPrincipal):
+            rate_limit_hit(request.user)
+        return True
