@@ -12,7 +12,7 @@ from runs.defaults import ensure_release_gates
 from runs.services import task_create
 from tests.browser.test_runs import bulk_trace
 from tests.conftest import AGENT_TOKEN, make_user
-from tests.factories import make_approval_request, make_operation
+from tests.factories import make_approval_request, make_operation, make_pending_approval
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,3 +75,23 @@ def test_the_main_pages_run_under_the_policy_without_a_violation(asgi_server, pa
     assert violations == []
     # Redoc's footer links a logo on its CDN: the policy refuses it, which is the point.
     assert [v for v in docs_violations if "cdn.redoc.ly" not in v] == []
+
+
+def test_a_reviewer_sees_hidden_characters_marked_and_the_pages_own_errors(asgi_server, page, screenshot, agent,
+                                                                           tenant):
+    make_user("reviewer", tenant, Role.REVIEWER, max_tier=3)
+    approval = make_pending_approval(agent, tool_name="mail.send", risk_tier=2, arguments={
+        "to": ["ceo@acme.test\u202emoc.live@", "bob@bücher.example"], "subject": "Pay\u200bment due",
+        "body": "Hello,\nplease pay."})
+    page.goto(asgi_server.url + "/accounts/login/")
+    page.get_by_label("Username").fill("reviewer")
+    page.get_by_label("Password").fill("pw")
+    page.get_by_role("button", name="Log in").click()
+    page.goto(f"{asgi_server.url}/approvals/{approval.approval_id}/")
+    expect(page.locator("#hidden-chars-warning")).to_be_visible()
+    expect(page.locator("#arguments mark.hidden-char").first).to_be_visible()
+    expect(page.locator("#preview")).to_contain_text("xn--bcher-kva.example")
+    screenshot(page, "approval-hidden-characters")
+    page.goto(asgi_server.url + "/no-such-page/")
+    expect(page.get_by_role("heading", name="Page not found")).to_be_visible()
+    screenshot(page, "error-404")
