@@ -127,8 +127,9 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
     ]
     inputs = selectors.display_value(task.inputs)[0] if task.inputs else ""
     # Everything on the page that came from the agent: the reviewer is warned once, at the top,
-    # if any of it holds characters that are not visible as themselves.
-    shown = [row["text"] for row in arguments] + [str(v) for v in (preview or {}).values()] + [
+    # if any of it holds characters that are not visible as themselves (the preview is made from
+    # the arguments, so its characters are counted there).
+    shown = [f"{row['name']}{row['text']}" for row in arguments] + [
         task.goal, inputs, *success_criteria, *(f"{name}{text}" for name, text, _ in constraints)]
     context.update({
         "active_nav": "approvals",

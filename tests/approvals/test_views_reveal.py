@@ -24,7 +24,7 @@ def test_hidden_characters_in_arguments_and_preview_are_escaped_and_flagged(clie
     body = detail(client, reviewer, approval)
     assert "\u202e" not in body and "\u200b" not in body
     assert "ceo@acme.test<mark" in body and "\\u202e</mark>" in body and "\\u200b</mark>" in body
-    assert 'id="hidden-chars-warning"' in body
+    assert 'id="hidden-chars-warning"' in body and "holds 2 characters" in body
     # in the arguments and in the email preview alike
     assert body.count("\\u202e</mark>") >= 2
 
