@@ -3,7 +3,8 @@
 A fixed one-minute window per token and per tenant, counted with the cache's atomic increment
 in the "ratelimit" cache, which every server process shares: Redis in distributed mode, files
 under var/ in embedded mode (one machine). Over a limit is `RateLimited` (429 in the error
-shape, `Retry-After` in the header and in `details`); a limit of 0 is none.
+shape, `Retry-After` in the header and in `details`); a limit of 0 is none. Administrators may
+give a tenant or a token its own limit in the admin (`api_rate_per_minute`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,13 @@ def rate_limit_hit(principal: AgentPrincipal) -> None:
     over its limit for the current minute."""
     now = time.time()
     window = int(now // WINDOW_SECONDS)
-    for scope, ident, limit in (("token", principal.pk, settings.API_RATE_PER_TOKEN),
-                                ("tenant", principal.tenant_id, settings.API_RATE_PER_TENANT)):
+    # An administrator's own limit for the token or the tenant (admin), else the setting. The
+    # principal comes with its tenant (console.api.principal_for_authorization): no query.
+    for scope, ident, own, default in (
+        ("token", principal.pk, principal.api_rate_per_minute, settings.API_RATE_PER_TOKEN),
+        ("tenant", principal.tenant_id, principal.tenant.api_rate_per_minute, settings.API_RATE_PER_TENANT),
+    ):
+        limit = default if own is None else own
         if not limit:
             continue
         if _count(f"{scope}:{ident}:{window}") > limit:

@@ -71,3 +71,23 @@ def test_the_counters_live_in_a_cache_that_server_processes_share(settings):
     backend = settings.CACHES["ratelimit"]["BACKEND"]
     assert backend in ("django.core.cache.backends.redis.RedisCache",
                        "django.core.cache.backends.filebased.FileBasedCache")
+
+
+def test_an_administrator_sets_a_tenants_and_a_tokens_own_limit(agent, outsider_agent, settings):
+    settings.API_RATE_PER_TOKEN = settings.API_RATE_PER_TENANT = 1000
+    agent.tenant.api_rate_per_minute = 2
+    agent.tenant.save()
+    client = api(AGENT_TOKEN)
+    assert [client.get("/api/v1/tasks/tsk_missing").status_code for _ in range(3)] == [404, 404, 429]
+    outsider_agent.api_rate_per_minute = 1
+    outsider_agent.save()
+    client = api(OUTSIDER_TOKEN)
+    response = [client.get("/api/v1/tasks/tsk_missing") for _ in range(2)][-1]
+    assert (response.status_code, response.json()["error"]["details"]["scope"]) == (429, "token")
+
+
+def test_the_limits_are_fields_of_the_admins_tenant_and_agent_forms(client, agent, django_user_model):
+    admin = django_user_model.objects.create_superuser("root", "root@acme.test", "pw")
+    client.force_login(admin)
+    for url in (f"/admin/console/tenant/{agent.tenant_id}/change/", f"/admin/console/agentprincipal/{agent.pk}/change/"):
+        assert 'name="api_rate_per_minute"' in client.get(url).content.decode()
