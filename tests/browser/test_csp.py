@@ -64,6 +64,10 @@ def test_the_main_pages_run_under_the_policy_without_a_violation(asgi_server, pa
     page.goto(asgi_server.url + "/runs/")
     page.goto(asgi_server.url + "/admin/")
     expect(page.get_by_role("heading", name="Site administration")).to_be_visible()
+    for path in (f"/admin/console/agentprincipal/{agent.pk}/change/", f"/admin/console/tenant/{tenant.pk}/change/",
+                 "/admin/approvals/tool/", "/admin/console/event/"):
+        page.goto(asgi_server.url + path)
+        expect(page.locator("#content")).to_be_visible()
     page.goto(asgi_server.url + "/does-not-exist/")
 
     docs = page.context.new_page()
