@@ -22,14 +22,14 @@ WINDOW_SECONDS = 60
 
 
 def _count(key: str) -> int:
+    """One more request in this window: one round trip once the window's key exists."""
     cache = caches["ratelimit"]
-    if cache.add(key, 1, timeout=WINDOW_SECONDS * 2):
-        return 1
     try:
         return cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=WINDOW_SECONDS * 2)
-        return 1
+    except ValueError:  # the window's first request (add, not set: another process may be first)
+        if cache.add(key, 1, timeout=WINDOW_SECONDS * 2):
+            return 1
+        return cache.incr(key)
 
 
 def rate_limit_hit(principal: AgentPrincipal) -> None:

@@ -56,8 +56,21 @@ def _marked(char: str) -> str:
     return f'<mark class="hidden-char" title="{escape(title)}">{_escape_of(char)}</mark>'
 
 
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def _reveal_chars(text: str) -> str:
-    return "".join(_marked(char) if is_hidden(char) else escape(char) for char in text)
+    if text.isascii() and not _ASCII_CONTROL.search(text):
+        return escape(text)  # the common case: nothing hidden, one escape for the whole text
+    out: list[str] = []
+    start = 0
+    for i, char in enumerate(text):
+        if is_hidden(char):
+            out.append(escape(text[start:i]))
+            out.append(_marked(char))
+            start = i + 1
+    out.append(escape(text[start:]))
+    return "".join(out)
 
 
 def reveal_text(text: str) -> str:
