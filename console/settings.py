@@ -223,17 +223,21 @@ CONTENT_SECURITY_POLICY = {
 
 SESSION_COOKIE_SECURE = not EMBEDDED and env.bool("SESSION_COOKIE_SECURE", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Production over plain HTTP on purpose (SESSION_COOKIE_SECURE=false, e.g. `make cluster` on one
+# machine) also means no redirect to https and no HSTS unless asked for.
+_HTTPS = SESSION_COOKIE_SECURE
 
 # --- TLS in production (docs/security.md) ----------------------------------------------------
 # Embedded mode serves plain http on loopback, so none of this applies there.
 # HSTS: browsers refuse plain http to this host for SECURE_HSTS_SECONDS once they saw https.
 # Preload is off by default: being on the browsers' preload list is the domain owner's decision,
 # hard to undo, and covers every subdomain (hence the silenced W021 below).
-SECURE_HSTS_SECONDS = 0 if EMBEDDED else env.int("SECURE_HSTS_SECONDS", 31536000, validate=Range(min=0))
+SECURE_HSTS_SECONDS = 0 if EMBEDDED else env.int("SECURE_HSTS_SECONDS", 31536000 if _HTTPS else 0,
+                                                  validate=Range(min=0))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not EMBEDDED and env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = not EMBEDDED and env.bool("SECURE_HSTS_PRELOAD", False)
 # Plain http is redirected to https; a load balancer's health check over http reaches /healthz.
-SECURE_SSL_REDIRECT = not EMBEDDED and env.bool("SECURE_SSL_REDIRECT", True)
+SECURE_SSL_REDIRECT = not EMBEDDED and env.bool("SECURE_SSL_REDIRECT", _HTTPS)
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 # Behind a proxy that terminates TLS, the header it sets to "https" (e.g. X-Forwarded-Proto).
 # Set it only if the proxy always sets or strips that header: otherwise a client could claim

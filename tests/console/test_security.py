@@ -70,6 +70,12 @@ def test_production_sends_hsts_and_redirects_to_https_by_default(tmp_path):
                       "SESSION_COOKIE_SECURE": True, "CSRF_COOKIE_SECURE": True}
 
 
+def test_production_over_plain_http_on_purpose_neither_redirects_nor_sends_hsts(tmp_path):
+    values = settings_of(tmp_path, "SECURE_HSTS_SECONDS", "SECURE_SSL_REDIRECT", SESSION_COOKIE_SECURE="false",
+                         **PRODUCTION)
+    assert values == {"SECURE_HSTS_SECONDS": 0, "SECURE_SSL_REDIRECT": False}
+
+
 def test_a_proxy_that_terminates_tls_is_named_by_its_header(tmp_path):
     values = settings_of(tmp_path, "SECURE_PROXY_SSL_HEADER", "SECURE_HSTS_SECONDS",
                          SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto", SECURE_HSTS_SECONDS="600", **PRODUCTION)
