@@ -3,6 +3,8 @@ characters as marked escapes, as the approval pages do (console/lib/reveal.py)."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -18,5 +20,7 @@ def test_the_operation_page_escapes_hidden_characters(client, agent, support_use
                                arguments={"to": ["ceo@acme.test\u202emoc.live@"], "subject": "S", "body": "B"})
     client.force_login(support_user)
     body = client.get(reverse("operations:detail", args=[operation.operation_id])).content.decode()
-    assert "\u202e" not in body and "\u200b" not in body
-    assert "\\u202e</mark>" in body and "\\u200b</mark>" in body
+    arguments = re.search(r"<summary[^>]*>Arguments</summary><pre[^>]*>(.*?)</pre>", body, re.S).group(1)
+    goal = re.search(r"<dt>Goal</dt><dd>(.*?)</dd>", body, re.S).group(1)
+    assert "\u202e" not in arguments and "\\u202e</mark>" in arguments
+    assert "\u200b" not in goal and "\\u200b</mark>" in goal
