@@ -5,5 +5,6 @@ class ApprovalsConfig(AppConfig):
     name = "approvals"
 
     def ready(self) -> None:
-        # Registers the reviewer console's live streams ("inbox", "approval").
-        from approvals import live  # noqa: F401
+        # The reviewer console's live streams ("inbox", "approval"), and the strict "email"
+        # format for tool schemas on the format checker the gate uses.
+        from approvals import formats, live  # noqa: F401

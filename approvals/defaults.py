@@ -28,12 +28,18 @@ REFUND_SCHEMA = {
     "additionalProperties": False,
 }
 
+# A header-bound field holds no line break (header injection) and no other control character.
+# Said as "no match anywhere" rather than an anchored pattern: Python's `$` also matches before a
+# final newline, so "^[^...]*$" would let "Subject\n" through.
+HEADER_TEXT = {"not": {"pattern": "[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"}}
+
 MAIL_SCHEMA = {
     "type": "object",
     "properties": {
+        # "email" is strict here: exactly one plain mailbox per entry (approvals/formats.py).
         "to": {"type": "array", "items": {"type": "string", "format": "email", "maxLength": 254},
                "minItems": 1, "maxItems": 20},
-        "subject": {"type": "string", "minLength": 1, "maxLength": 200},
+        "subject": {"type": "string", "minLength": 1, "maxLength": 200, **HEADER_TEXT},
         "body": {"type": "string", "minLength": 1, "maxLength": 20000},
     },
     "required": ["to", "subject", "body"],

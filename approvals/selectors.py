@@ -6,7 +6,6 @@ does not grow with the number of rows (select_related and subquery annotations).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ from django.utils import timezone
 
 from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, Tool
+from console.lib.reveal import as_json
 from console.models import AgentPrincipal, Membership, Role
 
 # Who may look at approval requests (and open the live streams about them).
@@ -218,17 +218,13 @@ MASK = "••••••••"
 
 
 def display_value(value: Any) -> tuple[str, bool]:
-    """A value as a person reads it: (text, is_block). Scalars and lists of scalars inline,
-    anything nested as indented JSON."""
+    """A value as a person reads it: (text, is_block). A string as itself (its hidden
+    characters are the template's `reveal` filter's to show); anything else as the JSON the
+    agent sent, so that ["a, b"] and ["a", "b"] never look alike (console/lib/reveal.py)."""
     if isinstance(value, str):
         return value, "\n" in value
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value), False
-    if isinstance(value, int | float):
-        return str(value), False
-    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
-        return ", ".join(str(v) for v in value), False
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True), True
+    text = as_json(value)
+    return text, "\n" in text
 
 
 def masked_arguments(arguments: dict[str, Any], secret_fields: list[str]) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from approvals.selectors import ReviewerScope, decorate_rows, review_context
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
 from console.lib.htmx import wants_fragment
+from console.lib.reveal import hidden_characters
 from ledger import decisions
 from ledger.adapters import adapter_for
 from runs.pricing import PriceBook
@@ -61,7 +62,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     active = filters.active()
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
-    last_event_id = console_live.latest_event_id()
+    last_event_id = console_live.cursor_for(request.user, frozenset(scope.tenant_ids))
     counts = selectors.tier_counts(scope)
     paginator = Paginator(selectors.inbox_ids(scope, filters), PAGE_SIZE)
     if set(active) <= {"tier"}:
@@ -117,24 +118,35 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
     task = approval.task
     tool = operation.tool
     context = review_context(request.user, scope, approval)
+    arguments = selectors.masked_arguments(operation.arguments, tool.secret_fields)
+    preview = _preview(approval)
+    constraints = [(k, *selectors.display_value(v)) for k, v in (task.constraints or {}).items()]
+    success_criteria = [
+        selectors.display_value(c)[0]
+        for c in (task.success_criteria if isinstance(task.success_criteria, list) else [task.success_criteria])
+    ]
+    inputs = selectors.display_value(task.inputs)[0] if task.inputs else ""
+    # Everything on the page that came from the agent: the reviewer is warned once, at the top,
+    # if any of it holds characters that are not visible as themselves (the preview is made from
+    # the arguments, so its characters are counted there).
+    shown = [f"{row['name']}{row['text']}" for row in arguments] + [
+        task.goal, inputs, *success_criteria, *(f"{name}{text}" for name, text, _ in constraints)]
     context.update({
         "active_nav": "approvals",
         "task": task,
         "tool": tool,
-        "arguments": selectors.masked_arguments(operation.arguments, tool.secret_fields),
-        "preview": _preview(approval),
-        "constraints": [(k, *selectors.display_value(v)) for k, v in (task.constraints or {}).items()],
-        "success_criteria": [
-            selectors.display_value(c)[0]
-            for c in (task.success_criteria if isinstance(task.success_criteria, list) else [task.success_criteria])
-        ],
-        "inputs": selectors.display_value(task.inputs)[0] if task.inputs else "",
+        "arguments": arguments,
+        "preview": preview,
+        "constraints": constraints,
+        "success_criteria": success_criteria,
+        "inputs": inputs,
+        "hidden_characters": sum(len(hidden_characters(text)) for text in shown),
         "version_moved": task.version != approval.state_version,
         "approve_form": approve_form or ApproveForm(initial={"arguments_hash": approval.arguments_hash}),
         "reject_form": reject_form or RejectForm(),
         "error": error,
         "error_field": error_field,
-        "last_event_id": console_live.latest_event_id(),
+        "last_event_id": console_live.cursor_for(request.user, frozenset(scope.tenant_ids)),
         "notifications": selectors.notifications_for(approval.approval_id),
         "edited_from": selectors.edited_from(approval.approval_id),
         "can_edit": context["can_decide"] and bool((tool.json_schema or {}).get("properties")),

@@ -280,6 +280,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.stream = stream
         self.arg = self.scope["url_route"]["kwargs"].get("arg", "")
         self.last_event_id: int | None = None
+        self.position = 0
         self.sent_ids: set[int] = set()
         self.wakeup = asyncio.Event()
         self.hello = asyncio.Event()
@@ -314,9 +315,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.hello.wait(), timeout=2)
         db = self.tail.db
-        if self.last_event_id is None:
-            self.last_event_id = await db.run(live.latest_event_id)
         await self._refresh_viewer()
+        if self.last_event_id is None:
+            tenant_ids = self.viewer.tenant_ids
+            self.last_event_id = await db.run(lambda: live.cursor_for(self.user, tenant_ids))
+        self.position = self.last_event_id
         self.sent_ids = await self._ids_already_shown()
         while True:
             self.wakeup.clear()
@@ -350,13 +353,22 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def _send_next_batch(self) -> bool:
         woke = time.time()
-        after = max(0, self.last_event_id - LOOKBACK_IDS)
+        # Two places: `last_event_id`, the page's cursor (the newest event of the viewer's
+        # tenants it was sent: the only one it is shown), and `position`, how far this socket
+        # has looked in the table (all tenants). A quiet tenant's cursor can be far behind the
+        # tail; looking from `position` keeps its sockets in the tail's window.
+        tail_read = self.tail.max_id
+        after = max(0, self.position - LOOKBACK_IDS)
         events = [e for e in await self._events_after(after) if e.id not in self.sent_ids][:200]
         if not events:
+            # Nothing of ours up to what the tail had read; a later commit below it (out of id
+            # order) is still within LOOKBACK_IDS of the new position.
+            self.position = max(self.position, tail_read)
             return False
         self.sent_ids.update(e.id for e in events)
         last = max(self.last_event_id, events[-1].id)
-        self.sent_ids = {i for i in self.sent_ids if i > last - LOOKBACK_IDS}
+        self.position = max(self.position, last)
+        self.sent_ids = {i for i in self.sent_ids if i > self.position - LOOKBACK_IDS}
         key = await self._view_key(events)
         body = await self._render(key, self.stream.render, events)
         rendered = time.time()

@@ -115,9 +115,22 @@ def events_after(*, user: AbstractBaseUser | None = None, stream: Stream, after_
 
 
 def latest_event_id() -> int:
+    """The newest event of all tenants: the tail's own place in the table, never shown to anyone
+    (how busy the other tenants are is theirs to know)."""
     from console.models import Event
 
     return Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def cursor_for(user: AbstractBaseUser, tenant_ids: frozenset[int] | None = None) -> int:
+    """The cursor a page shows: the newest event of the viewer's tenants. One query per tenant,
+    each the top of the (tenant, id) index."""
+    from console.models import Event
+
+    if tenant_ids is None:
+        tenant_ids = frozenset(tenant_ids_for(user))
+    return max((Event.objects.filter(tenant_id=tenant_id).order_by("-id").values_list("id", flat=True).first() or 0
+                for tenant_id in tenant_ids), default=0)
 
 
 def cursor_fragment(last_event_id: int) -> str:

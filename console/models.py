@@ -23,6 +23,9 @@ class Tenant(models.Model):
     slug = models.SlugField(unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+    api_rate_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests a minute for all this tenant's agents together (agent API and "
+        "OTLP); empty: the API_RATE_PER_TENANT setting; 0: no limit.")
 
     def __str__(self) -> str:
         return self.slug
@@ -68,6 +71,9 @@ class AgentPrincipal(models.Model):
     allowed_tools = models.ManyToManyField("approvals.Tool", blank=True, related_name="agents")
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    api_rate_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests a minute for this token (agent API and OTLP); empty: the "
+        "API_RATE_PER_TOKEN setting; 0: no limit.")
 
     class Meta:
         constraints = [

@@ -8,9 +8,11 @@ refuses an insecure secret key and DEBUG.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE
 from django.core.exceptions import ImproperlyConfigured
 from environs import Env
 from marshmallow import ValidationError
@@ -48,7 +50,9 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 _INSECURE_KEY = "insecure-embedded-key-do-not-use-in-production"
 SECRET_KEY = env.str("SECRET_KEY", _INSECURE_KEY)
-DEBUG = env.bool("DEBUG", EMBEDDED)
+# Off by default in both modes, `make run` included: errors show the product's own pages
+# (templates/404.html, 403.html, 500.html). A developer turns it on with DEBUG=1 make run.
+DEBUG = env.bool("DEBUG", False)
 ALLOWED_HOSTS = env.csv("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.csv("CSRF_TRUSTED_ORIGINS", [])
 
@@ -73,6 +77,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    "axes",
     "console",
     "runs",
     "approvals",
@@ -81,6 +86,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,6 +94,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: it answers a locked-out login with AXES_LOCKOUT_TEMPLATE.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -156,6 +164,25 @@ AUTH_PASSWORD_VALIDATORS = [] if EMBEDDED else [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before any check
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (django-axes, docs/security.md): after AXES_FAILURE_LIMIT wrong passwords for
+# one username from one address, that pair is locked for AXES_COOLOFF_MINUTES, even with the
+# right password. Failures live in the database, so every server process sees them. A pair, not
+# the username alone, so that nobody can lock a colleague out from elsewhere. Behind a proxy,
+# AXES_IPWARE_PROXY_COUNT says how many proxies append to X-Forwarded-For.
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", 5, validate=Range(min=1))
+AXES_COOLOFF_MINUTES = env.int("AXES_COOLOFF_MINUTES", 15, validate=Range(min=1))
+AXES_COOLOFF_TIME = timedelta(minutes=AXES_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
+AXES_IPWARE_PROXY_COUNT = env.int("AXES_IPWARE_PROXY_COUNT", 0, validate=Range(min=0)) or None
+if AXES_IPWARE_PROXY_COUNT:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -172,8 +199,57 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # Every middleware is async-capable, so a long-poll holds no thread while it waits.
 SERVE_STATIC = env.bool("SERVE_STATIC", True)
 
+# --- Content-Security-Policy (django-csp), in both modes ------------------------------------
+# Scripts and styles come from our own static files, or carry the request's nonce
+# (`nonce="{{ request.csp_nonce }}"`); no inline handler, no eval, no style attribute (scripts
+# set styles through the CSSOM, which the policy allows). htmx is told not to inject its
+# indicator <style> and not to eval (the <meta name="htmx-config"> in base.html).
+# `connect-src 'self'` covers the live websockets of the same host and port.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'", NONCE],
+        "style-src": ["'self'", NONCE],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "worker-src": ["'self'", "blob:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
 SESSION_COOKIE_SECURE = not EMBEDDED and env.bool("SESSION_COOKIE_SECURE", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Production over plain HTTP on purpose (SESSION_COOKIE_SECURE=false, e.g. `make cluster` on one
+# machine) also means no redirect to https and no HSTS unless asked for.
+_HTTPS = SESSION_COOKIE_SECURE
+
+# --- TLS in production (docs/security.md) ----------------------------------------------------
+# Embedded mode serves plain http on loopback, so none of this applies there.
+# HSTS: browsers refuse plain http to this host for SECURE_HSTS_SECONDS once they saw https.
+# Preload is off by default: being on the browsers' preload list is the domain owner's decision,
+# hard to undo, and covers every subdomain (hence the silenced W021 below).
+SECURE_HSTS_SECONDS = 0 if EMBEDDED else env.int("SECURE_HSTS_SECONDS", 31536000 if _HTTPS else 0,
+                                                  validate=Range(min=0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not EMBEDDED and env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = not EMBEDDED and env.bool("SECURE_HSTS_PRELOAD", False)
+# Plain http is redirected to https; a load balancer's health check over http reaches /healthz.
+SECURE_SSL_REDIRECT = not EMBEDDED and env.bool("SECURE_SSL_REDIRECT", _HTTPS)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# Behind a proxy that terminates TLS, the header it sets to "https" (e.g. X-Forwarded-Proto).
+# Set it only if the proxy always sets or strips that header: otherwise a client could claim
+# https over plain http. Unset, a TLS-terminating proxy makes SECURE_SSL_REDIRECT loop.
+_proxy_ssl_header = env.str("SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SILENCED_SYSTEM_CHECKS = [] if EMBEDDED or SECURE_HSTS_PRELOAD else ["security.W021"]
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str(
@@ -251,6 +327,26 @@ REST_FRAMEWORK = {
     # JSON only (the agent API's bodies are JSON objects), with a nesting budget.
     "DEFAULT_PARSER_CLASSES": ["console.api.JSONParser"],
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_CLASSES": ["console.ratelimit.AgentRateThrottle"],
+}
+# Requests a minute per agent token and per tenant, agent API and OTLP together (0: no limit);
+# console/ratelimit.py counts them in the "ratelimit" cache, shared by every server process.
+API_RATE_PER_TOKEN = env.int("API_RATE_PER_TOKEN", 3000, validate=Range(min=0))
+API_RATE_PER_TENANT = env.int("API_RATE_PER_TENANT", 12000, validate=Range(min=0))
+RATE_LIMIT_CACHE_URL = env.str(
+    "RATE_LIMIT_CACHE_URL", CHANNEL_LAYER_URL if CHANNEL_LAYER_URL.startswith("redis") else "",
+    validate=lambda v: not v or _schemes("redis", "rediss")(v),
+)
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "ratelimit": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": RATE_LIMIT_CACHE_URL,
+         "KEY_PREFIX": "countersign-ratelimit"}
+        if RATE_LIMIT_CACHE_URL else
+        # Embedded mode is one machine: files are shared by its processes (increments are not
+        # atomic there, so concurrent requests may be undercounted a little).
+        {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(VAR_DIR / "ratelimit")}
+    ),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Countersign agent API",
@@ -275,6 +371,18 @@ DEMO_AGENT_TOKEN = env.str("DEMO_AGENT_TOKEN", "demo-agent-token")
 OTEL_ENABLED = env.bool("OTEL_ENABLED", False)
 OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", "countersign")
 OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+
+# --- OTLP ingest limits (runs/otlp.py, docs/security.md) ----------------------------------
+# Per span, as the OpenTelemetry SDK's span limits: what is over is dropped (attributes, events)
+# or cut (values), and the span records how much (dropped_*_count, truncated_values_count).
+OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT = env.int("OTLP_SPAN_ATTRIBUTE_COUNT_LIMIT", 128, validate=Range(min=1))
+OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT = env.int("OTLP_EVENT_ATTRIBUTE_COUNT_LIMIT", 128, validate=Range(min=0))
+OTLP_SPAN_EVENT_COUNT_LIMIT = env.int("OTLP_SPAN_EVENT_COUNT_LIMIT", 128, validate=Range(min=0))
+# Characters of one string value (also the status message and each string in a list).
+OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT = env.int("OTLP_ATTRIBUTE_VALUE_LENGTH_LIMIT", 4096, validate=Range(min=1))
+# Spans one tenant may store (0: no quota). Spans over it are dropped and counted, and the
+# exporter is told in the answer's partialSuccess (not a 429: retrying would not help).
+OTLP_TENANT_SPAN_QUOTA = env.int("OTLP_TENANT_SPAN_QUOTA", 5_000_000, validate=Range(min=0))
 
 # --- Email (notifications to reviewers and support staff) --------------------------------------
 # Embedded mode writes each message to a file under var/mail, so nothing leaves the machine.
@@ -304,7 +412,7 @@ APPROVAL_ESCALATE_SHARE = env.float("APPROVAL_ESCALATE_SHARE", 0.8, validate=Ran
 if APPROVAL_ESCALATE_SHARE < APPROVAL_REMIND_SHARE:
     raise ImproperlyConfigured("APPROVAL_ESCALATE_SHARE must not be below APPROVAL_REMIND_SHARE.")
 
-# Prometheus /metrics: open on loopback; from elsewhere only with this bearer token.
+# Prometheus /metrics (every tenant's counters): only with this bearer token; off while unset.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")
 
 # --- Logging --------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from csp.constants import SELF, UNSAFE_INLINE
+from csp.decorators import csp_replace
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -18,7 +20,10 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-docs"),
+    # Redoc writes <style> elements at run time: this page alone allows inline styles (a nonce
+    # in style-src would make browsers ignore 'unsafe-inline'); scripts still need 'self'.
+    path("api/docs/", csp_replace({"style-src": [SELF, UNSAFE_INLINE]})(
+        SpectacularRedocView.as_view(url_name="api-schema")), name="api-docs"),
     path("api/v1/", include("console.api_urls")),
     path("v1/traces", otlp_traces, name="otlp-traces"),
     path("metrics", metrics_endpoint.metrics, name="metrics"),

@@ -52,7 +52,7 @@ def queue_context(request: HttpRequest) -> dict[str, Any]:
     filters = QueueFilterSet(request.GET or None, tools=selectors.tool_choices(user))
     # The cursor is read before the rows: an operation arriving in between is both listed and
     # sent by the stream (fragments replace by element id) rather than missed.
-    last_event_id = console_live.latest_event_id()
+    last_event_id = console_live.cursor_for(request.user)
     paginator = Paginator(selectors.queue(user, filters), PAGE_SIZE)
     page = paginator.get_page(request.GET.get("page"))
     counts = selectors.status_counts(user)
@@ -120,7 +120,7 @@ def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[s
         "compensations": list(operation.compensations.select_related("tool").order_by("created_at")),
         "error": error,
         "error_action": error_action,
-        "last_event_id": console_live.latest_event_id(),
+        "last_event_id": console_live.cursor_for(request.user),
     })
     return context
 

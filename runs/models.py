@@ -157,6 +157,11 @@ class Span(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     ingested_at = models.DateTimeField(default=timezone.now)
+    # What the ingest limits (runs/otlp.py) and the exporter's own SDK left out, as OTLP says it.
+    dropped_attributes_count = models.PositiveIntegerField(default=0)
+    dropped_events_count = models.PositiveIntegerField(default=0)
+    dropped_links_count = models.PositiveIntegerField(default=0, help_text="links are not stored: all are counted")
+    truncated_values_count = models.PositiveIntegerField(default=0, help_text="values cut to the length limit")
 
     class Meta:
         constraints = [
@@ -247,3 +252,16 @@ class ReleaseGate(models.Model):
             "gte": value >= self.threshold, "lte": value <= self.threshold, "lt": value < self.threshold,
             "gt": value > self.threshold, "eq": value == self.threshold,
         }[self.comparison]
+
+
+class TenantSpanUsage(models.Model):
+    """How many spans a tenant has stored, for its quota (settings.OTLP_TENANT_SPAN_QUOTA), and
+    how many were dropped because it was used up. Kept by runs.spans.spans_ingest."""
+
+    tenant = models.OneToOneField("console.Tenant", on_delete=models.CASCADE, primary_key=True,
+                                  related_name="span_usage")
+    spans = models.BigIntegerField(default=0)
+    dropped_over_quota = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.spans} spans"

@@ -17,6 +17,8 @@ SPAN_FIELDS = (
     ("attributes", "jsonb"), ("resource", "jsonb"), ("events", "jsonb"), ("task_id", "text"), ("step_id", "text"),
     ("operation_id", "text"), ("call_id", "text"), ("gen_ai_operation", "text"), ("gen_ai_model", "text"),
     ("gen_ai_response_model", "text"), ("gen_ai_tool", "text"), ("input_tokens", "int"), ("output_tokens", "int"),
+    ("dropped_attributes_count", "int"), ("dropped_events_count", "int"), ("dropped_links_count", "int"),
+    ("truncated_values_count", "int"),
 )
 
 

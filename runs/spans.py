@@ -11,12 +11,14 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from console.models import AgentPrincipal
 from ledger.models import Call, Operation
-from runs.models import Span, Task
+from runs.models import Span, Task, TenantSpanUsage
 from runs.queries import SPAN_INSERT
 
 
@@ -40,8 +42,40 @@ def _int_or_none(value) -> int | None:
     return number if number is not None and 0 <= number <= _MAX_TOKENS else None
 
 
+DROP_COUNTS = ("dropped_attributes_count", "dropped_events_count", "dropped_links_count", "truncated_values_count")
+
+
 def _ns_to_us(ns: int) -> int:
     return (ns + 500) // 1000  # to the nearest microsecond, what the column holds
+
+
+def spans_within_quota(*, principal: AgentPrincipal, spans: list) -> tuple[list, int]:
+    """The spans the tenant's quota still has room for, and how many it has not (dropped and
+    counted here). A soft quota: two batches ingested at the same moment may both fit where only
+    one would, so a tenant can go over by at most what concurrent requests carry."""
+    quota = settings.OTLP_TENANT_SPAN_QUOTA
+    if not quota or not spans:
+        return spans, 0
+    used = TenantSpanUsage.objects.filter(tenant_id=principal.tenant_id).values_list("spans", flat=True).first() or 0
+    room = max(0, quota - used)
+    if len(spans) <= room:
+        return spans, 0
+    dropped = len(spans) - room
+    _count_usage(principal.tenant_id, dropped_over_quota=dropped)
+    return spans[:room], dropped
+
+
+def _count_usage(tenant_id: int, *, spans: int = 0, dropped_over_quota: int = 0) -> None:
+    if not spans and not dropped_over_quota:
+        return
+    changed = TenantSpanUsage.objects.filter(tenant_id=tenant_id).update(
+        spans=F("spans") + spans, dropped_over_quota=F("dropped_over_quota") + dropped_over_quota)
+    if not changed:
+        try:
+            with transaction.atomic():
+                TenantSpanUsage.objects.create(tenant_id=tenant_id, spans=spans, dropped_over_quota=dropped_over_quota)
+        except IntegrityError:  # created meanwhile by another ingest
+            _count_usage(tenant_id, spans=spans, dropped_over_quota=dropped_over_quota)
 
 
 def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
@@ -71,6 +105,7 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
             "gen_ai_tool": str(attrs.get("gen_ai.tool.name", ""))[:128],
             "input_tokens": _int_or_none(attrs.get("gen_ai.usage.input_tokens")),
             "output_tokens": _int_or_none(attrs.get("gen_ai.usage.output_tokens")),
+            **{name: min(getattr(s, name, 0), _MAX_TOKENS) for name in DROP_COUNTS},
         })
     # Only the tenant's own tasks are linked; a call names an operation within its task.
     task_ids = {r["task_id"] for r in rows} - {""}
@@ -93,6 +128,8 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
         # One statement: atomic on its own, and committed before it returns outside a transaction.
         with connection.cursor() as cursor:
             cursor.execute(SPAN_INSERT, [principal.tenant_id, now, json.dumps(rows, separators=(",", ":"))])
+            inserted = cursor.rowcount  # re-sent spans are not counted twice against the quota
+        _count_usage(principal.tenant_id, spans=inserted)
         return len(rows)
     instances = []
     for r in rows:
@@ -102,7 +139,9 @@ def spans_ingest(*, principal: AgentPrincipal, spans: list) -> int:
             end_time=_EPOCH + timedelta(microseconds=r["end_us"]), **fields,
         ))
     with transaction.atomic():
+        before = Span.objects.filter(tenant_id=principal.tenant_id).count()
         Span.objects.bulk_create(instances, batch_size=500, ignore_conflicts=True)
+        _count_usage(principal.tenant_id, spans=Span.objects.filter(tenant_id=principal.tenant_id).count() - before)
     return len(rows)
 
 

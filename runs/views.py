@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from console.access import tenant_ids_for
-from console.live import latest_event_id
+from console.live import cursor_for
 from console.models import Event, Tenant
 from ledger.models import Operation
 from runs.models import TASK_TERMINAL, Task, TaskStatus
@@ -104,7 +104,7 @@ def run_detail_context(task: Task) -> dict:
 @login_required
 def run_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     task = _get_task_for_user(request, task_id)
-    context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": latest_event_id()}
+    context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": cursor_for(request.user)}
     return render(request, "runs/detail.html", context)
 
 

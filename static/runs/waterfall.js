@@ -141,13 +141,21 @@
       html.push(
         '<div class="' + classes + '" role="treeitem" aria-level="' + (depth + 1) + '"' +
         (hasKids ? ' aria-expanded="' + open + '"' : "") + ' data-span="' + esc(id) + '">' +
-        '<div class="waterfall__name" style="padding-left: ' + depth + 'rem" title="' + esc(r[NAME]) + '">' + toggle +
+        '<div class="waterfall__name" data-depth="' + depth + '" title="' + esc(r[NAME]) + '">' + toggle +
         esc(r[NAME]) + (r[MODEL] ? ' <span class="muted small">' + esc(r[MODEL]) + "</span>" : "") + hidden + "</div>" +
-        '<div class="waterfall__track"><span class="waterfall__bar" style="left: ' + offset.toFixed(3) + "%; width: " +
-        width.toFixed(3) + '%" title="' + esc(detail) + '"></span></div>' +
+        '<div class="waterfall__track"><span class="waterfall__bar" data-left="' + offset.toFixed(3) +
+        '" data-width="' + width.toFixed(3) + '" title="' + esc(detail) + '"></span></div>' +
         '<div class="waterfall__ms num">' + fmt(r[DUR]) + "</div></div>");
     }
     this.list.innerHTML = html.join("");
+    // Positions through the CSSOM: the Content-Security-Policy refuses style attributes in HTML.
+    var names = this.list.querySelectorAll(".waterfall__name[data-depth]");
+    for (var n = 0; n < names.length; n++) names[n].style.paddingLeft = names[n].dataset.depth + "rem";
+    var bars = this.list.querySelectorAll(".waterfall__bar[data-left]");
+    for (var b = 0; b < bars.length; b++) {
+      bars[b].style.left = bars[b].dataset.left + "%";
+      bars[b].style.width = bars[b].dataset.width + "%";
+    }
     this.root.dataset.rendered = String(this.rows.length);
     this.meta.textContent = this.rows.length + " spans, " + shown + " shown · critical path " +
       fmt(tree.criticalMs) + " ms" + (this.rows.length >= this.limit ? " · only the first " + this.limit + " spans" : "");

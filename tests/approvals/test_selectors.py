@@ -110,7 +110,9 @@ def test_secret_arguments_are_masked_and_values_read_as_text():
     )
     by_name = {r["name"]: r for r in rows}
     assert by_name["token"] == {"name": "token", "text": selectors.MASK, "block": False, "masked": True}
-    assert by_name["to"]["text"] == "a@example.com, b@example.com"
+    # As the JSON sent: two addresses never read like one string holding a comma.
+    assert by_name["to"]["text"] == '[\n  "a@example.com",\n  "b@example.com"\n]'
+    assert by_name["to"]["block"]
     assert by_name["meta"]["block"] and '"x": 1' in by_name["meta"]["text"]
     assert (by_name["n"]["text"], by_name["ok"]["text"]) == ("5", "true")
     assert selectors.masked_preview({"body": "s3cret", "to": "a"}, ["body"]) == {"body": selectors.MASK, "to": "a"}

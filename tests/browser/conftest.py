@@ -14,7 +14,8 @@ Fixtures
 Also importable: ``save_screenshot(page, name, *, full_page=True) -> Path``, which writes
 ``artifacts/screenshots/<name>.png`` (env ARTIFACTS_DIR moves ``artifacts/``).
 
-Every test in this directory is marked ``browser``; on failure each open page is saved as
+Every test in this directory is marked ``browser`` and fails on any Content-Security-Policy
+violation the browser reports; on failure each open page is saved as
 ``artifacts/screenshots/failed/<test>-<n>.png``. Requests to hosts other than this machine are
 aborted (no CDN, no telemetry): the product must serve its own assets.
 
@@ -185,12 +186,17 @@ def new_page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Calla
         _block_remote(context)
         contexts.append(context)
         page = context.new_page()
+        # Every page runs under the Content-Security-Policy; a violation fails the test.
+        page.on("console", lambda msg: violations.append(msg.text)
+                if "Content Security Policy" in msg.text and "cdn.redoc.ly" not in msg.text else None)
         pages.append(page)
         return page
 
+    violations: list[str] = []
     yield factory
     for context in contexts:
         context.close()
+    assert violations == [], f"Content-Security-Policy violations: {violations}"
 
 
 @pytest.fixture

@@ -344,3 +344,53 @@ def test_the_tails_database_threads_are_bounded_keep_their_connection_and_close_
     for thread in list(db.executor._threads):
         thread.join(timeout=15)
     assert all(conn.connection is None for conn in seen.values())  # each thread closed its own
+
+
+@pytest.mark.parametrize("path", ["/approvals/", "/operations/unknown/", "/dashboard/"])
+def test_a_pages_cursor_counts_only_its_viewers_tenants(client, agent, outsider_agent, tenant, path):
+    from console.models import Role
+    from tests.conftest import make_user
+
+    own = new_event(agent)
+    foreign = [new_event(outsider_agent) for _ in range(3)]
+    client.force_login(make_user("both", tenant, Role.REVIEWER, Role.SUPPORT, max_tier=4))
+
+    page_cursor = cursor(client.get(path).content.decode())
+
+    assert page_cursor == own < foreign[-1]
+
+
+def test_a_run_pages_cursor_counts_only_its_viewers_tenants(client, reviewer, agent, outsider_agent):
+    task = make_task(agent)
+    own = Event.objects.filter(tenant=agent.tenant).order_by("-id").values_list("id", flat=True).first()
+    new_event(outsider_agent)
+    client.force_login(reviewer)
+
+    assert cursor(client.get(f"/runs/{task.task_id}/").content.decode()) == own
+
+
+def test_a_socket_whose_tenant_was_quiet_while_others_wrote_much_gets_its_next_event(
+        client, reviewer, agent, outsider_agent):
+    from console.consumers import WINDOW_IDS
+
+    headers = session_headers(client, reviewer)
+    own = new_event(agent)
+    foreign = new_event(outsider_agent)
+    template = Event.objects.get(pk=foreign)
+    Event.objects.bulk_create([Event(**{f.attname: getattr(template, f.attname) for f in Event._meta.concrete_fields
+                                        if f.attname != "id"}) for _ in range(WINDOW_IDS + 100)])
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application(), PATH, headers=headers)
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"last_event_id": own})  # the page's cursor: its tenant's last
+        fresh = await database_sync_to_async(new_event)(agent)
+        more = await database_sync_to_async(new_event)(agent)
+        fragments = await receive_until(communicator, more)
+        await communicator.disconnect()
+        return fresh, more, fragments
+
+    fresh, more, fragments = async_to_sync(scenario)()
+
+    assert sorted(i for html in fragments for i in rows(html)) == [fresh, more]
+    assert [cursor(html) for html in fragments][-1] == more

@@ -81,6 +81,11 @@ def test_the_embedded_product_runs_serves_works_and_stops_cleanly(tmp_path):
         # The banner follows the server's first answer to the runner's own health check.
         wait_until(lambda: "Countersign is running at" in (tmp_path / "run.log").read_text(), timeout=10,
                    what="the banner")
+        # DEBUG is off by default: static files are still served, and errors are the product's pages.
+        assert httpx.get(f"{base}/static/console/app.css", timeout=5).status_code == 200
+        missing = httpx.get(f"{base}/no-such-page/", timeout=5)
+        assert missing.status_code == 404 and "Back to the console" in missing.text  # not the debug page
+        assert "Content-Security-Policy" in httpx.get(f"{base}/accounts/login/", timeout=5).headers
         db = var / "countersign.sqlite3"
         confirmed_refunds = (
             "SELECT count(*) FROM ledger_operation o JOIN approvals_tool t ON o.tool_id = t.id"

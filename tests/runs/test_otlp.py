@@ -182,17 +182,21 @@ def test_span_times_keep_the_microsecond(client, agent):
 @pytest.mark.postgres
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the single-statement insert is PostgreSQL's")
 @pytest.mark.django_db
-def test_on_postgresql_a_batch_is_four_statements_and_one_insert_whatever_its_size(client, agent):
-    """The principal, the tenant's tasks, the calls named, then one INSERT for all the spans
-    (committed on its own: no BEGIN/COMMIT round trips)."""
+def test_on_postgresql_a_batch_is_six_statements_and_one_insert_whatever_its_size(client, agent):
+    """The principal, the tenant's quota, its tasks, the calls named, then one INSERT for all
+    the spans (committed on its own: no BEGIN/COMMIT round trips) and the tenant's usage."""
+    from runs.models import TenantSpanUsage
+
+    TenantSpanUsage.objects.create(tenant=agent.tenant)  # the tenant's first batch creates it
     task = task_create(principal=agent, task_type="refund", goal="g")
     payload = otlp_json(*[span_json(f"{0x1000 + n:016x}", attributes={"gen_ai.tool.call.id": f"call-{n}"})
                           for n in range(100)], resource={"countersign.task_id": task.task_id})
     with CaptureQueriesContext(connection) as queries:
         assert post(client, payload).status_code == 200
     statements = [q["sql"].split(None, 1)[0].upper() for q in queries.captured_queries]
-    assert statements == ["SELECT", "SELECT", "SELECT", "INSERT"], statements
+    assert statements == ["SELECT", "SELECT", "SELECT", "SELECT", "INSERT", "UPDATE"], statements
     assert Span.objects.filter(task=task).count() == 100
+    assert TenantSpanUsage.objects.get(tenant=agent.tenant).spans == 100
 
 
 @pytest.mark.django_db
