@@ -68,7 +68,7 @@ def test_the_migration_gives_an_existing_seeded_tool_the_subject_rule(db):
     from approvals.defaults import MAIL_SCHEMA
     from approvals.models import Tool
 
-    migration = import_module("approvals.migrations.0008_mail_send_strict_headers")
+    migration = import_module("approvals.migrations.0011_mail_send_strict_headers")
     old = {**MAIL_SCHEMA, "properties": {**MAIL_SCHEMA["properties"], "subject": migration.OLD_SUBJECT}}
     tool = Tool.objects.create(name="mail.send", adapter="mail.send", json_schema=old, base_tier=2)
     edited = Tool.objects.create(name="mail.other", adapter="mail.send", json_schema=old, base_tier=2)

@@ -20,6 +20,6 @@ def forward(apps, schema_editor):
 
 class Migration(migrations.Migration):
 
-    dependencies = [("approvals", "0007_policy_generation")]
+    dependencies = [("approvals", "0010_alerts_reminders_and_support_channels")]
 
     operations = [migrations.RunPython(forward, migrations.RunPython.noop)]

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('console', '0003_event_kind'),
-        ('runs', '0004_model_price'),
+        ('runs', '0005_task_idempotency_key'),
     ]
 
     operations = [
