@@ -103,7 +103,8 @@ def stop_create(*, tenant_id: int, scope: str, user: AbstractBaseUser, reason: s
 def stop_resume(*, stop_id: str, user: AbstractBaseUser, reason: str = "") -> Stop:
     """stopped → resumed. Already resumed: a no-op."""
     with transaction.atomic():
-        stop = Stop.objects.select_for_update().select_related("tenant", "agent", "tool").filter(pk=stop_id).first()
+        stop = (Stop.objects.select_for_update(of=("self",)).select_related("tenant", "agent", "tool")
+                .filter(pk=stop_id).first())
         if stop is None:
             raise NotFound(f"No stop {stop_id}.")
         if not may_stop(user, tenant_id=stop.tenant_id, scope=stop.scope):
