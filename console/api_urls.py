@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import path
 
 from ledger import api as ledger_api
+from ledger import control_api
 from runs import api as runs_api
 
 urlpatterns = [
@@ -16,4 +17,7 @@ urlpatterns = [
     path("operations/<str:operation_id>", ledger_api.OperationGetApi.as_view(), name="api-operation-get"),
     # Async (not DRF): a long-poll sleeps on the event loop instead of holding a thread.
     path("calls/<str:call_id>", ledger_api.call_get, name="api-call-get"),
+    # For people (admins, and L4 reviewers for a tool), not agents.
+    path("stops", control_api.StopListApi.as_view(), name="api-stops"),
+    path("stops/<str:stop_id>/resume", control_api.StopResumeApi.as_view(), name="api-stop-resume"),
 ]
