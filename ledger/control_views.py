@@ -13,11 +13,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from approvals import stops
 from approvals.models import Stop, StopStatus, Tool
 from console.access import tenant_ids_for
 from console.lib.errors import DomainError, InvalidInput, NotFound
+from console.lib.htmx import wants_fragment
 from console.live import latest_event_id
 from console.models import AgentPrincipal, Tenant
 from ledger import control
@@ -109,6 +111,8 @@ def stop_resume(request: HttpRequest, stop_id: str) -> HttpResponse:
     except DomainError as exc:
         return _failed(request, exc)
     messages.success(request, f"Resumed {stop.describe()}; what it held is dispatched again.")
+    if wants_fragment(request):
+        return HttpResponseClientRedirect(reverse("stops:page"))
     return redirect(reverse("stops:page"))
 
 
