@@ -70,6 +70,7 @@ def test_a_frozen_approval_says_so_when_a_reviewer_tries(asgi_server, page, scre
     stops.stop_create(tenant_id=tenant.pk, scope="tenant", user=admin, reason="incident drill")
     log_in(page, asgi_server.url, "rita")
     page.goto(f"{asgi_server.url}/approvals/{request.approval_id}/")
+    expect(page.locator("#frozen-notice")).to_contain_text("Frozen: tenant acme is stopped by boss (incident drill)")
 
     page.get_by_role("button", name="Approve").first.click()
 

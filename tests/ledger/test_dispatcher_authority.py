@@ -241,3 +241,16 @@ def test_every_withdrawal_is_an_event_by_the_dispatcher(approved_refund):
     event = Event.objects.filter(entity="operation", entity_id=operation.operation_id).order_by("-id").first()
     assert (event.to_status, event.actor) == (S.CANCELLED, "system:dispatcher")
     assert event.reason.startswith("authority withdrawn:")
+
+
+def test_the_new_request_shows_the_old_approval_as_given_under_the_old_policy(approved_refund, client, senior):
+    operation, old = approved_refund()
+    Tool.objects.filter(name="payments.refund").update(base_tier=4)
+    run_dispatch(operation.operation_id, worker="test")
+    new = ApprovalRequest.objects.get(operation=operation, status=ApprovalStatus.PENDING)
+    client.force_login(senior)
+
+    page = client.get(f"/approvals/{new.approval_id}/").content.decode()
+
+    assert "reviewer approved" in page
+    assert f"given under the old policy (L3, 1 approval) on <span class=\"mono\">{old.approval_id}</span>" in page
