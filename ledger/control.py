@@ -21,6 +21,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus, Stop
 from console.lib.errors import NotFound, NotPermitted
 from console.models import AgentPrincipal, Membership, Role
 from ledger import decisions, services, tasks
+from ledger.dispatcher import paused_by_person
 from ledger.models import Operation, OperationStatus
 from runs import services as run_services
 from runs.models import Task, TaskStatus
@@ -126,7 +127,7 @@ def authority_notice(operation: Operation) -> str:
         if stop is not None:
             return (f"{claimed}{stop.describe()} was stopped by {stop.stopped_by.get_username()} "
                     f"({stop.reason}){finish} while the stop holds.")
-        if task.status == TaskStatus.PAUSED:
+        if task.status == TaskStatus.PAUSED and paused_by_person(task.task_id):
             return f"{claimed}the task was paused{finish} while it is paused."
         principal = (None if operation.compensates_id is not None
                      else AgentPrincipal.objects.select_related("tenant").get(pk=operation.principal_id))
@@ -139,6 +140,6 @@ def authority_notice(operation: Operation) -> str:
         if stop is not None:
             return (f"Held: {stop.describe()} was stopped by {stop.stopped_by.get_username()} ({stop.reason}). "
                     "Nothing is sent until it is resumed.")
-        if task.status == TaskStatus.PAUSED:
+        if task.status == TaskStatus.PAUSED and paused_by_person(task.task_id):
             return "Held: the task is paused. Nothing is sent until it is resumed."
     return ""

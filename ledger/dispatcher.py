@@ -27,7 +27,7 @@ from approvals.stops import active_stop
 from console.access import reviewer_max_tier
 from console.lib import sql
 from console.lib.locks import lock_name
-from console.models import AgentPrincipal
+from console.models import AgentPrincipal, Event
 from console.tracing import tracer
 from ledger import decisions, services, tasks
 from ledger.adapters import get_adapter
@@ -197,14 +197,23 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) 
 
 
 def _held(operation: Operation) -> str | None:
-    """A stop in force over the operation's tenant, agent or tool, or its task paused: nothing
-    moves and no attempt starts. Resuming pushes the operation again (`ledger.control`)."""
+    """A stop in force over the operation's tenant, agent or tool, or its task paused by a
+    person: nothing moves and no attempt starts. Resuming pushes the operation again
+    (`ledger.control`). A task paused because its budget ran out still runs what was approved
+    within the budget (its share was reserved when it was proposed)."""
     stop = active_stop(tenant_id=operation.tenant_id, agent_id=operation.principal_id, tool_id=operation.tool_id)
     if stop is not None:
         return f"held:stopped:{stop.stop_id}"
-    if operation.task.status == TaskStatus.PAUSED:
+    if operation.task.status == TaskStatus.PAUSED and paused_by_person(operation.task_id):
         return "held:task_paused"
     return None
+
+
+def paused_by_person(task_id: str) -> bool:
+    """Was the task's latest pause a person's (the run page), not a budget's?"""
+    actor = (Event.objects.filter(entity=Task.EVENT_ENTITY, entity_id=task_id, to_status=TaskStatus.PAUSED)
+             .order_by("-id").values_list("actor", flat=True).first())
+    return bool(actor) and actor.startswith("user:")
 
 
 def _recheck_authority(operation: Operation, approval: ApprovalRequest | None) -> str | None:

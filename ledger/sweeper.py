@@ -32,8 +32,8 @@ def run_sweep(now=None) -> dict[str, int]:
         Operation.objects.filter(status__in=[OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE], updated_at__lt=stale)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .filter(due_again)
-        # Held by a stop or a paused task: resuming pushes them (ledger.control), not the sweeper.
-        .exclude(stopped_operations_q()).exclude(task__status=TaskStatus.PAUSED)
+        # Held by a stop: resuming pushes them (ledger.control), not the sweeper.
+        .exclude(stopped_operations_q())
         .select_related("tool")[:BATCH]
     )
     for operation in waiting:

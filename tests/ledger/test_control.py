@@ -15,13 +15,19 @@ from approvals.models import ApprovalRequest, ApprovalStatus, Stop, Tool
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from console.models import Event, Role
 from ledger import control, dispatcher
+from ledger.adapters import get_adapter
+from ledger.adapters.base import ABSENT
 from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
+from ledger.reconcile import run_reconcile
 from ledger.sweeper import run_sweep
+from runs import services as run_services
 from runs.models import Task, TaskStatus
+from sandbox.client import wait_for
 from tests.conftest import make_user
 from tests.factories import events_of, make_operation, make_pending_approval
 from tests.fixtures.dispatch import (
+    HANG_SECONDS,
     attempts_of,
     authorized_refund,
     effects_of,
@@ -70,6 +76,26 @@ def test_a_stop_holds_a_retry(agent, tools, admin, unique):
     assert run_dispatch(operation.operation_id, worker="test").startswith("held:stopped:")
     assert reload(operation).status == S.RETRY_SAFE
     assert len(attempts_of(operation)) == 1
+
+
+def test_reconciliation_still_asks_the_provider_under_a_stop_but_its_redispatch_is_held(
+        agent, tools, admin, payments_url, unique, django_capture_on_commit_callbacks):
+    operation = authorized_refund(agent, unique("fault-timeout-before-commit"))
+    assert run_dispatch(operation.operation_id, worker="test") == S.UNKNOWN
+    held_by = stop(admin, "tool", tool=tools["payments.refund"])
+    adapter = get_adapter("payments.refund")
+    wait_for(lambda: adapter.query(key=operation.idempotency_key, timeout=1.0).state == ABSENT,
+             timeout=HANG_SECONDS + 5, what="the provider to drop the hung request")
+
+    assert run_reconcile(operation.operation_id, worker="test", now=an_hour_later()) == S.RETRY_SAFE
+    assert run_dispatch(operation.operation_id, worker="test") == f"held:stopped:{held_by.stop_id}"
+    assert len(attempts_of(operation)) == 1
+    assert effects_of(payments_url, operation) == []
+
+    with django_capture_on_commit_callbacks(execute=True):
+        control.stop_resume(stop_id=held_by.stop_id, user=admin)
+    assert run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
+    assert len(effects_of(payments_url, operation)) == 1
 
 
 def test_the_sweeper_does_not_push_stopped_work(agent, tools, admin, unique, enqueued):
@@ -196,8 +222,9 @@ def test_a_paused_task_holds_its_operations_and_resuming_pushes_them(agent, tool
 
     control.task_pause(task_id=operation.task_id, user=admin, reason="checking with finance")
     assert run_dispatch(operation.operation_id, worker="test") == "held:task_paused"
-    run_sweep(now=an_hour_later())
-    assert operation.operation_id not in enqueued.dispatched_ids()
+    run_sweep(now=an_hour_later())  # a push the sweeper makes is held again
+    assert run_dispatch(operation.operation_id, worker="test") == "held:task_paused"
+    assert attempts_of(operation) == []
 
     with django_capture_on_commit_callbacks(execute=True):
         control.task_resume(task_id=operation.task_id, user=admin, reason="finance agrees")
@@ -242,3 +269,14 @@ def test_stop_and_resume_events_carry_the_tenant_for_the_live_feed(agent, admin)
     assert [e.to_status for e in Event.objects.filter(entity="stop", tenant_id=agent.tenant_id)] == [
         "stopped", "resumed"]
     assert ApprovalRequest.objects.count() == 0
+
+
+def test_a_task_paused_by_its_budget_still_runs_what_was_approved_within_it(agent, tools, payments_url, unique):
+    operation = authorized_refund(agent, unique("ord"))
+    task = Task.objects.get(pk=operation.task_id)
+    Task.objects.filter(pk=task.pk).update(status=TaskStatus.RUNNING)
+    task.refresh_from_db()
+    run_services.task_pause(task=task, actor=agent.ref, reason="tool call budget spent")
+
+    assert run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
+    assert len(effects_of(payments_url, operation)) == 1
