@@ -2,7 +2,7 @@
 
 A stop writes only its own row and its event. What it holds back is read where each move is
 decided: the gate refuses new proposals (`approvals.gate.authorize`), a pending approval cannot
-be given (`approvals.services.approval_lock_pending`), the dispatcher's claim holds authorized
+be given (`approvals.services.refuse_if_frozen`), the dispatcher's claim holds authorized
 and retry-safe operations (`ledger.dispatcher`), and the sweeper does not push them. Resuming
 pushes them again (`ledger.control.stop_resume`).
 """

@@ -43,6 +43,7 @@ def _stop_context(request: HttpRequest, *, error: str = "", form: dict[str, str]
         "active_nav": "stops",
         "tenants": tenants,
         "may_stop_any": any(t["may_tools"] for t in tenants),
+        "may_stop_agents": any(t["may_all"] for t in tenants),
         "tools": list(Tool.objects.order_by("name")),
         "in_force": stops_in_force(tenant_ids, request.user),
         "history": list(Stop.objects.filter(tenant_id__in=tenant_ids).select_related(
@@ -109,6 +110,9 @@ def stop_resume(request: HttpRequest, stop_id: str) -> HttpResponse:
     try:
         stop = control.stop_resume(stop_id=stop_id, user=request.user, reason=request.POST.get("reason", ""))
     except DomainError as exc:
+        if wants_fragment(request):  # htmx swaps no error page: show it on the reloaded page
+            messages.error(request, exc.message)
+            return HttpResponseClientRedirect(reverse("stops:page"))
         return _failed(request, exc)
     messages.success(request, f"Resumed {stop.describe()}; what it held is dispatched again.")
     if wants_fragment(request):

@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from approvals import stops
 from approvals.models import ApprovalStatus, Stop, StopStatus, Tool
-from console.models import Event, Role
+from console.models import Event, Membership, Role
 from ledger.models import OperationStatus
 from runs.models import Task, TaskStatus
 from tests.conftest import AGENT_TOKEN, make_user
@@ -235,3 +235,33 @@ def test_the_operation_page_says_a_claimed_attempt_finishes_after_a_stop(client,
 
     assert 'id="authority-notice"' in page
     assert "Attempt 1 was claimed before agent acme/agent was stopped by boss (incident)" in page
+
+
+def test_an_admin_of_two_tenants_stops_an_agent_of_the_tenant_chosen(client, tenant, other_tenant, agent,
+                                                                     outsider_agent):
+    admin = make_user("boss", tenant, Role.ADMIN)
+    Membership.objects.create(user=admin, tenant=other_tenant, role=Role.ADMIN)
+    client.force_login(admin)
+    page = client.get(reverse("stops:page")).content.decode()
+    assert '<optgroup label="acme">' in page and '<optgroup label="globex">' in page
+
+    mismatched = client.post(reverse("stops:create"), {"tenant": tenant.pk, "scope": "agent",
+                                                       "agent": outsider_agent.pk, "reason": "x"})
+    assert mismatched.status_code == 404
+
+    client.post(reverse("stops:create"), {"tenant": other_tenant.pk, "scope": "agent", "agent": outsider_agent.pk,
+                                          "reason": "x"})
+    assert Stop.objects.get().describe() == "agent globex/outsider"
+
+
+def test_a_resume_refused_from_the_live_list_is_shown_after_the_reload(client, tenant, senior, policy):
+    admin = make_user("boss", tenant, Role.ADMIN)
+    stop = stops.stop_create(tenant_id=tenant.pk, scope="tenant", user=admin, reason="x")
+    client.force_login(senior)  # an L4 reviewer may resume a tool stop, not a tenant's
+
+    response = client.post(reverse("stops:resume", args=[stop.stop_id]), HTTP_HX_REQUEST="true")
+
+    assert response.status_code == 200 and response["HX-Redirect"] == reverse("stops:page")
+    assert "Only the tenant" in client.get(reverse("stops:page")).content.decode()
+    stop.refresh_from_db()
+    assert stop.status == StopStatus.STOPPED
