@@ -254,3 +254,16 @@ def test_the_new_request_shows_the_old_approval_as_given_under_the_old_policy(ap
 
     assert "reviewer approved" in page
     assert f"given under the old policy (L3, 1 approval) on <span class=\"mono\">{old.approval_id}</span>" in page
+
+
+def test_the_agent_is_told_its_call_waits_for_the_approvals_now_required(approved_refund, api):
+    operation, _ = approved_refund()
+    Tool.objects.filter(name="payments.refund").update(base_tier=4)
+    run_dispatch(operation.operation_id, worker="test")
+    new = ApprovalRequest.objects.get(operation=operation, status=ApprovalStatus.PENDING)
+
+    body = api.get(f"/api/v1/operations/{operation.operation_id}").json()
+
+    assert (body["status"], body["decision"], body["risk_tier"]) == ("planned", "awaiting_approval", 4)
+    assert (body["approval"]["approval_id"], body["approval"]["approvals_needed"]) == (new.approval_id, 2)
+    assert any("asked again" in reason for reason in body["reasons"])
