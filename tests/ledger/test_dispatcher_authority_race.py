@@ -4,13 +4,15 @@ yet claimed is never sent on the withdrawn authority."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 
 import pytest
 from django.db import connection
 
 from approvals import stops
-from approvals.models import ApprovalRequest, Tool
+from approvals.models import ApprovalRequest, PolicyTier, Stop, StopStatus, Tool
 from console.lib.errors import Conflict
 from console.models import AgentPrincipal, Role
 from ledger import control, decisions, dispatcher
@@ -133,3 +135,86 @@ def test_an_approval_racing_a_stop_never_reaches_the_provider_while_the_stop_hol
     assert result.startswith("held:stopped:") or result == "noop:planned"
     assert effects_of(payments_url, operation) == []
     assert ApprovalRequest.objects.get(pk=request.pk).status in ("approved", "pending")
+
+
+WITHDRAWALS = ("tool_disabled", "tool_not_allowed", "agent_deactivated", "tenant_stopped", "tier_forbidden",
+               "tier_raised")
+
+
+def withdraw(kind: str, *, agent, admin) -> None:
+    """Take the authority away, committed (autocommit) when this returns."""
+    refund = Tool.objects.get(name="payments.refund")
+    if kind == "tool_disabled":
+        Tool.objects.filter(pk=refund.pk).update(enabled=False)
+    elif kind == "tool_not_allowed":
+        agent.allowed_tools.remove(refund)
+    elif kind == "agent_deactivated":
+        AgentPrincipal.objects.filter(pk=agent.pk).update(is_active=False)
+    elif kind == "tenant_stopped":
+        stops.stop_create(tenant_id=agent.tenant_id, scope="tenant", user=admin, reason="drill")
+    elif kind == "tier_forbidden":
+        PolicyTier.objects.filter(level=1).update(requirement=PolicyTier.Requirement.FORBIDDEN)
+    elif kind == "tier_raised":
+        Tool.objects.filter(pk=refund.pk).update(base_tier=3)
+
+
+def restore(*, agent, admin) -> None:
+    refund = Tool.objects.get(name="payments.refund")
+    Tool.objects.filter(pk=refund.pk).update(enabled=True, base_tier=1)
+    agent.allowed_tools.add(refund)
+    AgentPrincipal.objects.filter(pk=agent.pk).update(is_active=True)
+    for stop_id in Stop.objects.filter(status=StopStatus.STOPPED).values_list("stop_id", flat=True):
+        stops.stop_resume(stop_id=stop_id, user=admin)
+    PolicyTier.objects.filter(level=1).update(requirement=PolicyTier.Requirement.RUN_AUDIT)
+
+
+def test_authority_withdrawn_at_random_moments_is_never_dispatched_on(agent, tools, admin, payments_url, unique,
+                                                                       monkeypatch):
+    """200 trials: a dispatch and a withdrawal (of six kinds) released together, with random
+    jitter on either side. Whenever the withdrawal had committed before the claim began, nothing
+    may reach the provider; a claim that began first may finish (and is recorded)."""
+    rng = random.Random(13)
+    entered: dict[str, float] = {}
+    real_claim = dispatcher._claim
+
+    def timed_claim(operation_id, *, worker):
+        entered[operation_id] = time.monotonic()
+        return real_claim(operation_id, worker=worker)
+
+    monkeypatch.setattr(dispatcher, "_claim", timed_claim)
+    tally: dict[str, int] = {"withdrawn_first": 0, "claimed_first": 0}
+    violations = []
+    for trial in range(200):
+        kind = WITHDRAWALS[trial % len(WITHDRAWALS)]
+        operation = authorized_refund(agent, unique("ord"))
+        # Jitter, not synchronisation (nothing waits for the other by it): up to a few
+        # milliseconds on one side, so that the two cross at every point of the claim. A sleep
+        # releases the GIL, so the other thread's timestamps stay true.
+        dispatch_jitter, withdraw_jitter = rng.choice([(rng.uniform(0, 0.03), 0.0), (0.0, rng.uniform(0, 0.004))])
+        withdrawn_at: list[float] = []
+
+        def dispatch(op=operation, jitter=dispatch_jitter):
+            time.sleep(jitter)
+            return run_dispatch(op.operation_id, worker="A")
+
+        def take_away(kind=kind, jitter=withdraw_jitter, withdrawn_at=withdrawn_at):
+            time.sleep(jitter)
+            withdraw(kind, agent=agent, admin=admin)
+            withdrawn_at.append(time.monotonic())
+
+        outcomes = at_once(dispatch, take_away)
+        assert not any(o.startswith("error") for o in outcomes), (kind, outcomes)
+        sent = len(attempts_of(operation)) + len(effects_of(payments_url, operation))
+        if withdrawn_at[0] < entered[operation.operation_id]:
+            tally["withdrawn_first"] += 1
+            if sent:
+                violations.append((trial, kind, outcomes[0]))
+        else:
+            tally["claimed_first"] += 1
+        outcome = outcomes[0].split(":")[0]
+        tally[outcome] = tally.get(outcome, 0) + 1
+        restore(agent=agent, admin=admin)
+
+    print(f"\nauthority withdrawn at random moments: {tally}, dispatched on withdrawn authority: {len(violations)}")
+    assert violations == []
+    assert tally["withdrawn_first"] > 0
