@@ -88,6 +88,7 @@ def test_support_cancels_a_run_from_its_page(asgi_server, page, screenshot, agen
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
 
     page.get_by_label("Why").fill("customer withdrew the request")
+    screenshot(page, "run-controls", full_page=False)
     page.get_by_role("button", name="Cancel the task").click()
 
     expect(page.locator("#run-status")).to_contain_text("cancelled")
