@@ -63,13 +63,18 @@ def test_an_admin_stops_an_agent_another_sees_it_live_and_resumes_it(asgi_server
     screenshot(watcher, "stops-resumed")
 
 
-def test_a_frozen_approval_says_so_when_a_reviewer_tries(asgi_server, page, screenshot, agent, tenant):
+def test_a_request_freezes_live_when_a_stop_comes_and_says_so_when_a_reviewer_tries(asgi_server, page, screenshot,
+                                                                                    agent, tenant):
     admin = make_user("boss", tenant, Role.ADMIN)
     make_user("rita", tenant, Role.REVIEWER, max_tier=3)
     request = make_pending_approval(agent, risk_tier=3)
-    stops.stop_create(tenant_id=tenant.pk, scope="tenant", user=admin, reason="incident drill")
     log_in(page, asgi_server.url, "rita")
     page.goto(f"{asgi_server.url}/approvals/{request.approval_id}/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
+    expect(page.locator("#frozen-notice")).to_have_count(0)
+
+    stops.stop_create(tenant_id=tenant.pk, scope="tenant", user=admin, reason="incident drill")
+
     expect(page.locator("#frozen-notice")).to_contain_text("Frozen: tenant acme is stopped by boss (incident drill)")
 
     page.get_by_role("button", name="Approve").first.click()
