@@ -265,3 +265,15 @@ def test_a_resume_refused_from_the_live_list_is_shown_after_the_reload(client, t
     assert "Only the tenant" in client.get(reverse("stops:page")).content.decode()
     stop.refresh_from_db()
     assert stop.status == StopStatus.STOPPED
+
+
+def test_a_second_stop_added_in_the_admin_is_refused_with_the_message(client, tenant, policy):
+    superuser = make_user("root", tenant, Role.ADMIN, is_staff=True, is_superuser=True)
+    client.force_login(superuser)
+    add = reverse("admin:approvals_stop_add")
+    client.post(add, {"tenant": tenant.pk, "scope": "tenant", "reason": "drill"})
+
+    response = client.post(add, {"tenant": tenant.pk, "scope": "tenant", "reason": "again"}, follow=True)
+
+    assert Stop.objects.count() == 1
+    assert "Tenant acme is already stopped." in response.content.decode()
