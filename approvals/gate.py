@@ -184,7 +184,7 @@ def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
 
 def authorize(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
     _authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
-    stop = active_stop(tenant_id=task.tenant_id, agent_id=principal.pk, tool_id=tool.pk)
+    stop = active_stop(tenant_id=task.tenant_id, agent_id=principal.pk, tool_id=tool.pk, catalog=catalog)
     if stop is not None:
         raise NotPermitted(f"Stopped: {stop.describe()} ({stop.reason}). No new calls until it is resumed.",
                            details={"stop_id": stop.stop_id, "scope": stop.scope})

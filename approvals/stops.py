@@ -14,6 +14,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals.catalog import Catalog
+from approvals.catalog import current as current_catalog
 from approvals.models import Stop, StopStatus, Tool
 from console.access import reviewer_max_tier
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
@@ -36,15 +38,13 @@ def may_stop(user: AbstractBaseUser, *, tenant_id: int, scope: str) -> bool:
     return scope == Stop.Scope.TOOL and max_tier is not None and max_tier >= RiskTier.L4
 
 
-def active_stop(*, tenant_id: int, agent_id: int | None = None, tool_id: int | None = None) -> Stop | None:
-    """The stop in force over a call of this agent with this tool in this tenant, if any."""
-    keys = ["tenant"]
-    if agent_id is not None:
-        keys.append(f"agent:{agent_id}")
-    if tool_id is not None:
-        keys.append(f"tool:{tool_id}")
-    return (Stop.objects.filter(tenant_id=tenant_id, status=StopStatus.STOPPED, scope_key__in=keys)
-            .select_related("tenant", "agent", "tool").order_by("created_at").first())
+def active_stop(*, tenant_id: int, agent_id: int | None = None, tool_id: int | None = None,
+                catalog: Catalog | None = None) -> Stop | None:
+    """The stop in force over a call of this agent with this tool in this tenant, if any, read
+    from the configuration's cache (`catalog`: the one the caller read under its generation
+    token; default: the current one, one query for the token)."""
+    keys = {"tenant", f"agent:{agent_id}", f"tool:{tool_id}"}
+    return next((stop for stop in (catalog or current_catalog()).stops(tenant_id) if stop.scope_key in keys), None)
 
 
 def stopped_operations_q() -> Q:

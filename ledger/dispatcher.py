@@ -22,6 +22,8 @@ from django.utils import timezone
 
 from approvals import gate
 from approvals import services as approval_services
+from approvals.catalog import Catalog
+from approvals.catalog import current as current_catalog
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
 from approvals.stops import active_stop
 from console.access import reviewer_max_tier
@@ -91,12 +93,14 @@ def _claim(operation_id: str, *, worker: str):
         if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
-        held = _held(operation)
+        # The configuration (tiers, rules, allowed tools, stops) as of now, read once for the claim.
+        catalog = current_catalog()
+        held = _held(operation, catalog)
         if held:
             return held
         # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
         approval = _approved_request(operation) if operation.needs_approval else None
-        refusal = _revalidate(operation, approval, now=now)
+        refusal = _revalidate(operation, approval, now=now, catalog=catalog)
         if refusal:
             return refusal
         if operation.status == OperationStatus.RETRY_SAFE:
@@ -156,7 +160,7 @@ def _approved_request(operation: Operation) -> ApprovalRequest | None:
     )
 
 
-def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) -> str | None:
+def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now, catalog: Catalog) -> str | None:
     """Step 5's re-checks of the operation and its approved request (if any), then the
     authority behind it as it is now (a retry's too). On failure the approval and the operation
     are closed (with events), or the operation waits for approval again, and a reason is
@@ -183,7 +187,7 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) 
                 approval_id=approval.approval_id, actor=ACTOR,
                 reason=f"task moved from version {approval.state_version} to {task.version}")
             return "invalidated:task_version"
-    withdrawn = _recheck_authority(operation, approval)
+    withdrawn = _recheck_authority(operation, approval, catalog)
     if withdrawn or approval is None:
         return withdrawn
     for decision in approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).select_related("reviewer"):
@@ -196,12 +200,13 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) 
     return None
 
 
-def _held(operation: Operation) -> str | None:
+def _held(operation: Operation, catalog: Catalog) -> str | None:
     """A stop in force over the operation's tenant, agent or tool, or its task paused by a
     person: nothing moves and no attempt starts. Resuming pushes the operation again
     (`ledger.control`). A task paused because its budget ran out still runs what was approved
     within the budget (its share was reserved when it was proposed)."""
-    stop = active_stop(tenant_id=operation.tenant_id, agent_id=operation.principal_id, tool_id=operation.tool_id)
+    stop = active_stop(tenant_id=operation.tenant_id, agent_id=operation.principal_id, tool_id=operation.tool_id,
+                       catalog=catalog)
     if stop is not None:
         return f"held:stopped:{stop.stop_id}"
     if operation.task.status == TaskStatus.PAUSED and paused_by_person(operation.task_id):
@@ -216,7 +221,7 @@ def paused_by_person(task_id: str) -> bool:
     return bool(actor) and actor.startswith("user:")
 
 
-def _recheck_authority(operation: Operation, approval: ApprovalRequest | None) -> str | None:
+def _recheck_authority(operation: Operation, approval: ApprovalRequest | None, catalog: Catalog) -> str | None:
     """The gate's verdict on the call now, against the latest state: the agent active, the
     tool enabled and allowed to it, the tier and the escalation rules as they are. Refused now:
     the operation is cancelled (a retry that is due fails: its earlier attempt provably had no
@@ -227,7 +232,7 @@ def _recheck_authority(operation: Operation, approval: ApprovalRequest | None) -
     principal = (None if operation.compensates_id is not None
                  else AgentPrincipal.objects.select_related("tenant").get(pk=operation.principal_id))
     verdict = gate.reevaluate(principal=principal, task=operation.task, tool=operation.tool,
-                              arguments=operation.arguments, args_hash=operation.arguments_hash)
+                              arguments=operation.arguments, args_hash=operation.arguments_hash, catalog=catalog)
     if verdict.refused:
         reason = "authority withdrawn: " + "; ".join(verdict.reasons)
         if operation.status == OperationStatus.RETRY_SAFE:

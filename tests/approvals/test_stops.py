@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from approvals import stops
-from approvals.models import Stop, StopStatus, Tool
+from approvals.models import PolicyGeneration, Stop, StopStatus, Tool
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from console.models import Event, Role
 from ledger import decisions
@@ -155,3 +155,28 @@ def test_an_approval_thaws_when_the_stop_is_resumed(tenant, agent, admin, review
 
     request.refresh_from_db()
     assert request.status == "approved"
+
+
+def test_a_stop_after_the_gate_cached_its_configuration_holds_the_next_call_at_once(tenant, agent, admin,
+                                                                                   running_task):
+    assert propose(agent, running_task, call_id="c1").decision == "dispatched"  # the cache is warm
+    stop = stops.stop_create(tenant_id=tenant.pk, scope=Stop.Scope.AGENT, agent=agent, user=admin, reason="now")
+
+    with pytest.raises(NotPermitted, match="Stopped"):
+        propose(agent, running_task, call_id="c2")
+
+    stops.stop_resume(stop_id=stop.stop_id, user=admin)
+    assert propose(agent, running_task, call_id="c3").decision == "dispatched"
+
+
+def token() -> str | None:
+    return PolicyGeneration.objects.filter(pk=1).values_list("token", flat=True).first()
+
+
+def test_stopping_and_resuming_give_the_configuration_a_new_generation(policy, tenant, admin):
+    before = token()
+    stop = stops.stop_create(tenant_id=tenant.pk, scope=Stop.Scope.TENANT, user=admin, reason="x")
+    during = token()
+    stops.stop_resume(stop_id=stop.stop_id, user=admin)
+
+    assert before is not None and len({before, during, token()}) == 3
