@@ -1,5 +1,8 @@
 """Emergency stops, and their table watched by the configuration's generation triggers (as the
-tools, rules and tiers are), so the gate reads the stops in force from its cache."""
+tools, rules and tiers are), so the gate reads the stops in force from its cache.
+
+On SQLite a later migration that rebuilds approvals_stop (a NOT NULL column added, say) drops
+these triggers with the old table: it must create them again, or stops go unseen by the cache."""
 
 import importlib
 
