@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.http import HttpResponseRedirect
 
 from approvals.models import (
     ApprovalDecision,
@@ -10,11 +12,16 @@ from approvals.models import (
     Notification,
     NotificationChannel,
     PolicyTier,
+    Stop,
+    StopStatus,
     Tool,
 )
+from approvals.stops import stop_create
 from approvals.tools import tool_config_errors, tool_save
 from console.lib.admin import ReadOnlyAdmin
+from console.lib.errors import DomainError
 from ledger.adapters import ADAPTERS, HTTP_ADAPTER
+from ledger.control import stop_resume
 
 
 class EscalationRuleInline(admin.TabularInline):
@@ -37,8 +44,8 @@ class ToolAdminForm(forms.ModelForm):
         known = {*ADAPTERS, HTTP_ADAPTER}
         if candidate.adapter and candidate.adapter not in known:
             self.add_error("adapter", f"No adapter {candidate.adapter!r}; known: {', '.join(sorted(known))}.")
-        for field, messages in tool_config_errors(candidate).items():
-            for message in messages:
+        for field, problems in tool_config_errors(candidate).items():
+            for message in problems:
                 self.add_error(field if field in self.fields else None, message)
         return cleaned
 
@@ -124,3 +131,54 @@ class NotificationAdmin(ReadOnlyAdmin):
                     "next_attempt_at", "sent_at"]
     list_filter = ["kind", "status", "channel__kind", "channel__tier"]
     search_fields = ["approval__approval_id", "operation__operation_id", "channel__target", "last_error"]
+
+
+class StopForm(forms.ModelForm):
+    class Meta:
+        model = Stop
+        fields = ["tenant", "scope", "agent", "tool", "reason"]
+
+
+@admin.register(Stop)
+class StopAdmin(admin.ModelAdmin):
+    """Stops are added through `stop_create` (its checks, its event) and ended by the resume
+    action (`ledger.control.stop_resume`); a saved stop is never edited or deleted."""
+
+    form = StopForm
+    list_display = ["stop_id", "tenant", "scope", "agent", "tool", "status", "stopped_by", "created_at", "reason",
+                    "resumed_by", "resumed_at"]
+    list_filter = ["status", "scope", "tenant"]
+    search_fields = ["stop_id", "reason", "resume_reason"]
+    actions = ["resume_selected"]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj, form, change) -> None:
+        try:
+            created = stop_create(tenant_id=obj.tenant_id, scope=obj.scope, agent=obj.agent, tool=obj.tool,
+                                  user=request.user, reason=obj.reason)
+        except DomainError as exc:
+            raise ValidationError(exc.message) from exc
+        obj.pk, obj.stop_id, obj._state.adding = created.pk, created.stop_id, False
+
+    def add_view(self, request, form_url="", extra_context=None):
+        try:
+            return super().add_view(request, form_url, extra_context)
+        except ValidationError as exc:
+            self.message_user(request, " ".join(exc.messages), level=messages.ERROR)
+            return HttpResponseRedirect(request.path)
+
+    @admin.action(description="Resume the selected stops")
+    def resume_selected(self, request, queryset) -> None:
+        resumed = 0
+        for stop_id in queryset.filter(status=StopStatus.STOPPED).values_list("stop_id", flat=True):
+            try:
+                stop_resume(stop_id=stop_id, user=request.user, reason="resumed in the admin")
+                resumed += 1
+            except DomainError as exc:
+                self.message_user(request, f"{stop_id}: {exc.message}", level=messages.ERROR)
+        self.message_user(request, f"Resumed {resumed} stop(s).")

@@ -1,7 +1,7 @@
 """The configuration the gate reads on every proposal, cached per process.
 
-Tools, escalation rules, policy tiers and agents' allowed tools change only when an
-administrator edits them, yet the gate read them with four queries per proposal. Database
+Tools, escalation rules, policy tiers, agents' allowed tools and emergency stops change only
+when an administrator edits them, yet the gate read them with four queries per proposal. Database
 triggers (migration 0007) give the one row of `PolicyGeneration` a new random token whenever any
 of those tables is written, by any writer (admin, shell, migration, test). A `Catalog` holds what
 was read under one token; the proposal reads the token inside its own transaction, in the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from approvals.models import EscalationRule, PolicyGeneration, PolicyTier, Tool
+from approvals.models import EscalationRule, PolicyGeneration, PolicyTier, Stop, StopStatus, Tool
 
 _MISSING = object()
 
@@ -30,6 +30,7 @@ class Catalog:
     _rules: dict[int, tuple[EscalationRule, ...]] = field(default_factory=dict)
     _allowed: dict[int, frozenset[int]] = field(default_factory=dict)
     _tiers: dict[int, PolicyTier] | None = None
+    _stops: dict[int, tuple[Stop, ...]] = field(default_factory=dict)
 
     def tool(self, name: str) -> Tool | None:
         tool = self._tools.get(name, _MISSING)
@@ -53,6 +54,15 @@ class Catalog:
                                 .values_list("tool_id", flat=True))
             self._keep(self._allowed, principal_id, allowed)
         return allowed
+
+    def stops(self, tenant_id: int) -> tuple[Stop, ...]:
+        """The tenant's stops in force, oldest first (usually none)."""
+        stops = self._stops.get(tenant_id)
+        if stops is None:
+            stops = tuple(Stop.objects.filter(tenant_id=tenant_id, status=StopStatus.STOPPED)
+                          .select_related("tenant", "agent__tenant", "tool", "stopped_by").order_by("created_at"))
+            self._keep(self._stops, tenant_id, stops)
+        return stops
 
     def tier(self, level: int) -> PolicyTier | None:
         return self.tiers().get(level)

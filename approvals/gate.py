@@ -23,6 +23,7 @@ from jsonschema.exceptions import SchemaError
 from approvals.catalog import Catalog
 from approvals.catalog import current as current_catalog
 from approvals.models import EscalationRule, PolicyTier, Tool
+from approvals.stops import active_stop
 from console.lib.canonical import arguments_hash
 from console.lib.errors import InvalidInput, NotPermitted
 from console.models import AgentPrincipal
@@ -98,6 +99,30 @@ def decide(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str,
     if refusals:
         return GateResult(decision=Decision.REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),
                           exhausted_budgets=tuple(exhausted))
+    return _policy_verdict(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=catalog)
+
+
+def reevaluate(*, principal: AgentPrincipal | None, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str,
+               catalog: Catalog | None = None) -> GateResult:
+    """The gate's verdict now on a call proposed earlier (the dispatcher's re-check at the
+    moment of effect): the principal and the tool as they are (`authorize`, less the stops,
+    which hold a call rather than refuse it), then the tier and the policy as they are. The
+    budgets are not counted again: the call reserved its share when it was proposed. A
+    withdrawn authorization is a refusal with its reason, not an exception. `principal` None:
+    a call people asked for (a compensation), which no agent's authority stands behind."""
+    catalog = catalog or current_catalog()
+    try:
+        if principal is not None:
+            _authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
+        elif not tool.enabled:
+            raise NotPermitted(f"The tool {tool.name} is disabled.", details={"tool": tool.name})
+    except NotPermitted as exc:
+        return GateResult(decision=Decision.REFUSED, arguments_hash=args_hash, reasons=(exc.message,))
+    return _policy_verdict(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=catalog)
+
+
+def _policy_verdict(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str,
+                    catalog: Catalog) -> GateResult:
     tier, reasons = risk_tier(tool=tool, task=task, arguments=arguments, catalog=catalog)
     policy = catalog.tier(tier)
     if policy is None:
@@ -158,6 +183,14 @@ def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
 # --- 2. authorization -----------------------------------------------------------------------
 
 def authorize(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
+    _authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
+    stop = active_stop(tenant_id=task.tenant_id, agent_id=principal.pk, tool_id=tool.pk, catalog=catalog)
+    if stop is not None:
+        raise NotPermitted(f"Stopped: {stop.describe()} ({stop.reason}). No new calls until it is resumed.",
+                           details={"stop_id": stop.stop_id, "scope": stop.scope})
+
+
+def _authorize_principal(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
     if not principal.is_active or task.tenant_id != principal.tenant_id:
         raise NotPermitted("This principal may not act on this task.", details={"task_id": task.task_id})
     if not tool.enabled:

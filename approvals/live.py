@@ -114,6 +114,8 @@ def render_approval(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
         e for e in events
         if (e.entity == ApprovalRequest.EVENT_ENTITY and e.entity_id == approval.approval_id)
         or (e.entity == Event.Entity.OPERATION and e.entity_id == approval.operation_id)
+        # A stop or resume in the tenant may freeze or thaw it.
+        or (e.entity == Event.Entity.STOP and e.tenant_id == approval.tenant_id and approval.status == "pending")
     ]
     if not relevant:
         return ""
@@ -152,6 +154,6 @@ def decided_by(user: AbstractBaseUser, facts: dict[str, frozenset]) -> frozenset
 live.register(live.Stream(name="inbox", entities=(ApprovalRequest.EVENT_ENTITY,), render=render_inbox,
                           then=render_inbox_counts, roles=selectors.VIEWER_ROLES, viewer=reviewer_viewer,
                           batch_facts=decisions_in_batch, personal=decided_by))
-live.register(live.Stream(name="approval", entities=(ApprovalRequest.EVENT_ENTITY, "operation"),
+live.register(live.Stream(name="approval", entities=(ApprovalRequest.EVENT_ENTITY, "operation", Event.Entity.STOP),
                           render=render_approval, roles=selectors.VIEWER_ROLES, viewer=reviewer_viewer,
                           batch_facts=decisions_in_batch, personal=decided_by))

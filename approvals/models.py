@@ -390,3 +390,67 @@ class PolicyGeneration(models.Model):
 
     def __str__(self) -> str:
         return self.token
+
+
+class StopStatus(models.TextChoices):
+    STOPPED = "stopped"
+    RESUMED = "resumed"
+
+
+STOP_TRANSITIONS: dict[str, frozenset[str]] = {
+    StopStatus.STOPPED: frozenset({StopStatus.RESUMED}),
+    StopStatus.RESUMED: frozenset(),
+}
+
+
+class Stop(models.Model):
+    """An emergency stop of a tenant, one of its agents or one tool within it.
+
+    While it holds: no new proposals in its scope, no new dispatch or attempt (retries and
+    reconciliation's redispatches included), pending approvals frozen. Attempts already claimed
+    finish and are recorded. Resuming ends it; a new stop is a new row, so the table is the
+    history of who stopped what, when and why."""
+
+    TRANSITIONS = STOP_TRANSITIONS
+    EVENT_ENTITY = Event.Entity.STOP
+
+    class Scope(models.TextChoices):
+        TENANT = "tenant"
+        AGENT = "agent"
+        TOOL = "tool"
+
+    stop_id = models.CharField(max_length=64, primary_key=True)
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="stops")
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    agent = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, null=True, blank=True,
+                              related_name="+")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    # "tenant", "agent:<id>" or "tool:<id>": one stop in force per scope (the constraint below).
+    scope_key = models.CharField(max_length=40, editable=False)
+    status = models.CharField(max_length=8, choices=StopStatus.choices, default=StopStatus.STOPPED)
+    reason = models.TextField()
+    stopped_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    resumed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                                   related_name="+")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resume_reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "scope_key"], condition=models.Q(status="stopped"),
+                                    name="stop_one_in_force_per_scope"),
+        ]
+        indexes = [models.Index(fields=["tenant", "status"], name="stop_tenant_status_idx")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.describe()} ({self.status})"
+
+    def describe(self) -> str:
+        """What is stopped, in words: "tenant acme", "agent acme/bot", "tool payments.refund in acme"."""
+        if self.scope == self.Scope.AGENT:
+            return f"agent {self.agent}"
+        if self.scope == self.Scope.TOOL:
+            return f"tool {self.tool} in {self.tenant}"
+        return f"tenant {self.tenant}"

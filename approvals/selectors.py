@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, Tool
+from approvals.stops import active_stop
 from console.lib.reveal import as_json
 from console.models import AgentPrincipal, Membership, Role
 
@@ -211,6 +212,9 @@ def review_context(user: AbstractBaseUser, scope: ReviewerScope, approval: Appro
         "needs_higher": needs_higher,
         "reviewer_limit": limit,
         "is_expired": approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now(),
+        # A stop in force freezes an open request: it cannot be approved until resumed.
+        "frozen_by": active_stop(tenant_id=approval.tenant_id, agent_id=approval.requested_by_id,
+                                 tool_id=approval.tool_id) if approval.is_open else None,
     }
 
 

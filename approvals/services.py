@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from approvals.notifications import notifications_plan
+from approvals.stops import active_stop
 from console.access import reviewer_max_tier
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import new_id
@@ -146,6 +147,7 @@ def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str =
             raise NotPermitted("Only the editor's first approval of their own edit counts this way.")
         if arguments_hash is not None and arguments_hash != request.arguments_hash:
             raise Conflict("The arguments changed since you looked; reload the request.")
+        refuse_if_frozen(request)
         try:
             with transaction.atomic():
                 ApprovalDecision.objects.create(
@@ -168,6 +170,15 @@ def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str =
                    evidence={"arguments_hash": request.arguments_hash, "approvals": approvals},
                    changes={"decided_at": timezone.now()})
     return request
+
+
+def refuse_if_frozen(request: ApprovalRequest) -> None:
+    """A stop in force over the request's tenant, agent or tool freezes it: it cannot be
+    approved until the stop is resumed (rejecting stays possible)."""
+    stop = active_stop(tenant_id=request.tenant_id, agent_id=request.requested_by_id, tool_id=request.tool_id)
+    if stop is not None:
+        raise Conflict(f"Frozen: {stop.describe()} is stopped ({stop.reason}); approve after it is resumed.",
+                       details={"stop_id": stop.stop_id, "status": "frozen"})
 
 
 def approval_decline(*, approval_id: str, reviewer: AbstractBaseUser, reason: str) -> ApprovalRequest:

@@ -6,6 +6,7 @@ from django.urls import path
 
 from approvals import api as approvals_api
 from ledger import api as ledger_api
+from ledger import control_api
 from runs import api as runs_api
 
 urlpatterns = [
@@ -19,4 +20,7 @@ urlpatterns = [
     # Async (not DRF): a long-poll sleeps on the event loop instead of holding a thread. A call
     # ID may hold any printable character, `/` included (sent URL-encoded).
     path("calls/<path:call_id>", ledger_api.call_get, name="api-call-get"),
+    # For people (admins, and L4 reviewers for a tool), not agents.
+    path("stops", control_api.StopListApi.as_view(), name="api-stops"),
+    path("stops/<str:stop_id>/resume", control_api.StopResumeApi.as_view(), name="api-stop-resume"),
 ]

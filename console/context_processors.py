@@ -12,6 +12,7 @@ NAVIGATION = [
     ("unknown", "Unknown outcomes", "operations:unknown", {Role.SUPPORT, Role.REVIEWER, Role.ADMIN}),
     ("runs", "Runs", "runs:list", set()),
     ("dashboard", "Dashboard", "dashboard", set()),
+    ("stops", "Stops", "stops:page", {Role.ADMIN, Role.REVIEWER}),
 ]
 
 

@@ -116,6 +116,7 @@ class Event(models.Model):
         CALL = "call"
         LEASE = "lease"
         PROVIDER_QUERY = "provider_query"
+        STOP = "stop"  # an emergency stop of a tenant, an agent or a tool, and its resume
 
     class Kind(models.TextChoices):
         TRANSITION = "transition", "transition"

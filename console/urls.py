@@ -16,6 +16,7 @@ urlpatterns = [
     path("approvals/", include("approvals.urls")),
     path("operations/", include("ledger.urls")),
     path("runs/", include("runs.urls")),
+    path("stops/", include("ledger.control_urls")),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -6,4 +6,7 @@ class LedgerConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the support console's live streams ("unknown", "operation").
-        from ledger import live  # noqa: F401
+        from ledger import (
+            control_live,  # noqa: F401  (the stops page's stream)
+            live,  # noqa: F401
+        )

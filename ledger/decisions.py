@@ -97,6 +97,34 @@ def approval_invalidate(*, approval_id: str, actor: str, reason: str) -> Approva
                                  operation_verb=ledger_services.operation_cancel)
 
 
+def approval_require_again(*, operation: Operation, approval: ApprovalRequest | None, verdict: gate.GateResult,
+                           actor: str) -> ApprovalRequest:
+    """The policy now asks more of an authorized call than it was authorized with (a higher
+    tier, more approvers, or an approval where none was needed): the operation goes back to
+    `planned` and a new request asks for the approvals now required. The old request, if any,
+    is invalidated and points to the new one, so its decisions stay on record as given under
+    the old policy."""
+    was = f"L{approval.risk_tier}, {approval.approvals_needed} approval(s)" if approval else f"L{operation.risk_tier}, run at once"
+    now = f"L{verdict.risk_tier}, {verdict.approvals_needed} approval(s)"
+    why = f"the policy now requires {now}; the call was authorized under {was}"
+    with transaction.atomic():
+        ledger_services.operation_hold_for_approval(
+            operation_id=operation.operation_id, actor=actor, reason=why, risk_tier=verdict.risk_tier,
+            evidence={"reasons": list(verdict.reasons), "previous_approval_id": approval.approval_id if approval else None})
+        task = operation.task
+        new = approval_services.approval_request_create(
+            operation=operation, task_type=task.task_type, call_id=operation.call_id, state_version=task.version,
+            risk_tier=verdict.risk_tier, approvals_needed=verdict.approvals_needed,
+            ttl_seconds=verdict.approval_ttl_seconds, reasons=[*verdict.reasons, f"asked again: {why}"], actor=actor,
+        )
+        if approval is not None:
+            approval_services.approval_close(
+                approval_id=approval.approval_id, to=ApprovalStatus.INVALIDATED, actor=actor,
+                reason=f"no longer suffices: {why}", evidence={"approval_id": new.approval_id},
+                changes={"superseded_by": new})
+    return new
+
+
 # ------------------------------------------------------------------------- edit and approve
 
 EDIT_CALL_SUFFIX = re.compile(r"-edit-(\d+)$")

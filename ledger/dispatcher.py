@@ -20,11 +20,16 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals import gate
 from approvals import services as approval_services
+from approvals.catalog import Catalog
+from approvals.catalog import current as current_catalog
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
+from approvals.stops import active_stop
 from console.access import reviewer_max_tier
 from console.lib import sql
 from console.lib.locks import lock_name
+from console.models import AgentPrincipal, Event
 from console.tracing import tracer
 from ledger import decisions, services, tasks
 from ledger.adapters import adapter_for
@@ -34,7 +39,7 @@ from ledger.queries import STILL_MINE_SQL as _STILL_MINE_SQL
 from ledger.queries import claim_sql as _claim_sql
 from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
 from ledger.seams import seam
-from runs.models import TASK_TERMINAL, Task
+from runs.models import TASK_TERMINAL, Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 ACTOR = "system:dispatcher"
@@ -88,9 +93,14 @@ def _claim(operation_id: str, *, worker: str):
         if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
+        # The configuration (tiers, rules, allowed tools, stops) as of now, read once for the claim.
+        catalog = current_catalog()
+        held = _held(operation, catalog)
+        if held:
+            return held
         # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
         approval = _approved_request(operation) if operation.needs_approval else None
-        refusal = _revalidate(operation, approval, now=now)
+        refusal = _revalidate(operation, approval, now=now, catalog=catalog)
         if refusal:
             return refusal
         if operation.status == OperationStatus.RETRY_SAFE:
@@ -150,9 +160,11 @@ def _approved_request(operation: Operation) -> ApprovalRequest | None:
     )
 
 
-def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) -> str | None:
-    """Step 5's re-checks of the operation and its approved request (if any). On failure the
-    approval and the operation are closed (with events) and a reason is returned."""
+def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now, catalog: Catalog) -> str | None:
+    """Step 5's re-checks of the operation and its approved request (if any), then the
+    authority behind it as it is now (a retry's too). On failure the approval and the operation
+    are closed (with events), or the operation waits for approval again, and a reason is
+    returned."""
     task = operation.task
     if operation.status == OperationStatus.AUTHORIZED:
         # A compensation undoes an effect of a task that may long be finished: it still runs.
@@ -166,25 +178,85 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now) 
             else:
                 services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=reason)
             return "cancelled:schema_changed"
-        if approval is None:
-            return None
-        if approval.expires_at <= now:
+        if approval is not None and approval.expires_at <= now:
             decisions.approval_expire(approval_id=approval.approval_id, actor=ACTOR,
-                                              reason="approval expired before dispatch")
+                                      reason="approval expired before dispatch")
             return "expired:approval"
-        if task.version != approval.state_version:
+        if approval is not None and task.version != approval.state_version:
             decisions.approval_invalidate(
                 approval_id=approval.approval_id, actor=ACTOR,
                 reason=f"task moved from version {approval.state_version} to {task.version}")
             return "invalidated:task_version"
-        for decision in approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).select_related("reviewer"):
-            max_tier = reviewer_max_tier(decision.reviewer, approval.tenant_id)
-            if max_tier is None or max_tier < approval.risk_tier:
-                decisions.approval_invalidate(
-                    approval_id=approval.approval_id, actor=ACTOR,
-                    reason=f"{decision.reviewer.get_username()} may no longer approve L{approval.risk_tier}")
-                return "invalidated:approver"
+    withdrawn = _recheck_authority(operation, approval, catalog)
+    if withdrawn or approval is None:
+        return withdrawn
+    for decision in approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).select_related("reviewer"):
+        max_tier = reviewer_max_tier(decision.reviewer, approval.tenant_id)
+        if max_tier is None or max_tier < approval.risk_tier:
+            decisions.approval_invalidate(
+                approval_id=approval.approval_id, actor=ACTOR,
+                reason=f"{decision.reviewer.get_username()} may no longer approve L{approval.risk_tier}")
+            return "invalidated:approver"
     return None
+
+
+def _held(operation: Operation, catalog: Catalog) -> str | None:
+    """A stop in force over the operation's tenant, agent or tool, or its task paused by a
+    person: nothing moves and no attempt starts. Resuming pushes the operation again
+    (`ledger.control`). A task paused because its budget ran out still runs what was approved
+    within the budget (its share was reserved when it was proposed)."""
+    stop = active_stop(tenant_id=operation.tenant_id, agent_id=operation.principal_id, tool_id=operation.tool_id,
+                       catalog=catalog)
+    if stop is not None:
+        return f"held:stopped:{stop.stop_id}"
+    if operation.task.status == TaskStatus.PAUSED and paused_by_person(operation.task_id):
+        return "held:task_paused"
+    return None
+
+
+def paused_by_person(task_id: str) -> bool:
+    """Was the task's latest pause a person's (the run page), not a budget's?"""
+    actor = (Event.objects.filter(entity=Task.EVENT_ENTITY, entity_id=task_id, to_status=TaskStatus.PAUSED)
+             .order_by("-id").values_list("actor", flat=True).first())
+    return bool(actor) and actor.startswith("user:")
+
+
+def _recheck_authority(operation: Operation, approval: ApprovalRequest | None, catalog: Catalog) -> str | None:
+    """The gate's verdict on the call now, against the latest state: the agent active, the
+    tool enabled and allowed to it, the tier and the escalation rules as they are. Refused now:
+    the operation is cancelled (a retry that is due fails: its earlier attempt provably had no
+    effect) with the reason. Stricter now than what authorized it: back to waiting for the
+    approvals now required. Never dispatched on authority that no longer holds."""
+    # A compensation is asked for by people to undo an effect: the agent's authority is not
+    # what stands behind it (the agent may be the reason for it), the tool and the policy are.
+    principal = (None if operation.compensates_id is not None
+                 else AgentPrincipal.objects.select_related("tenant").get(pk=operation.principal_id))
+    verdict = gate.reevaluate(principal=principal, task=operation.task, tool=operation.tool,
+                              arguments=operation.arguments, args_hash=operation.arguments_hash, catalog=catalog)
+    if verdict.refused:
+        reason = "authority withdrawn: " + "; ".join(verdict.reasons)
+        if operation.status == OperationStatus.RETRY_SAFE:
+            services.operation_fail(operation_id=operation.operation_id, actor=ACTOR, reason=reason,
+                                    evidence={"reasons": list(verdict.reasons)})
+            return "failed:authority_withdrawn"
+        if approval is not None:
+            decisions.approval_invalidate(approval_id=approval.approval_id, actor=ACTOR, reason=reason)
+        else:
+            services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=reason)
+        return "cancelled:authority_withdrawn"
+    if operation.status == OperationStatus.AUTHORIZED and verdict.needs_approval and _stricter(operation, approval, verdict):
+        decisions.approval_require_again(operation=operation, approval=approval, verdict=verdict, actor=ACTOR)
+        return "held:approval_required_again"
+    return None
+
+
+def _stricter(operation: Operation, approval: ApprovalRequest | None, verdict: gate.GateResult) -> bool:
+    """Does the verdict ask more than what authorized the operation?"""
+    if approval is not None:
+        return verdict.risk_tier > approval.risk_tier or verdict.approvals_needed > approval.approvals_needed
+    # Authorized without an approval: the gate ran it at once, or (needs_approval) it was
+    # authorized at its tier by other means; either way a higher tier than it was given asks more.
+    return not operation.needs_approval or verdict.risk_tier > operation.risk_tier
 
 
 def _retry_exhausted(operation: Operation, tool: Tool, *, now) -> str | None:

@@ -31,7 +31,9 @@ class OperationStatus(models.TextChoices):
 # connection): the retry keeps the operation ID and key, attempt + 1.
 OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
     OperationStatus.PLANNED: frozenset({OperationStatus.AUTHORIZED, OperationStatus.REJECTED, OperationStatus.EXPIRED, OperationStatus.CANCELLED}),
-    OperationStatus.AUTHORIZED: frozenset({OperationStatus.DISPATCHED, OperationStatus.EXPIRED, OperationStatus.CANCELLED}),
+    # authorized → planned: the dispatcher's re-check found the policy stricter than the approval
+    # (or the run-at-once verdict) it was authorized under; it waits for the approvals now required.
+    OperationStatus.AUTHORIZED: frozenset({OperationStatus.DISPATCHED, OperationStatus.EXPIRED, OperationStatus.CANCELLED, OperationStatus.PLANNED}),
     OperationStatus.DISPATCHED: frozenset({OperationStatus.CONFIRMED, OperationStatus.FAILED, OperationStatus.UNKNOWN, OperationStatus.RETRY_SAFE}),
     OperationStatus.UNKNOWN: frozenset({OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.MANUAL, OperationStatus.FAILED}),
     OperationStatus.MANUAL: frozenset({OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.COMPENSATION_REQUIRED, OperationStatus.FAILED}),

@@ -66,6 +66,17 @@ def operation_cancel(*, operation_id: str, actor: str, reason: str) -> Operation
     return operation
 
 
+def operation_hold_for_approval(*, operation_id: str, actor: str, reason: str, risk_tier: int,
+                                evidence: dict | None = None) -> Operation:
+    """authorized → planned: authorized under a policy that no longer suffices, the operation
+    waits for the approvals now required, at its new tier."""
+    with transaction.atomic():
+        operation = _get(operation_id, lock=True)
+        transition(operation, to=OperationStatus.PLANNED, actor=actor, reason=reason, evidence=evidence,
+                   changes={"risk_tier": risk_tier, "needs_approval": True})
+    return operation
+
+
 def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
                        locked: Operation | None = None) -> tuple[Operation, Attempt]:
     """authorized | retry_safe → dispatched with a new fencing token and attempt number.

@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.stops import stopped_operations_q
 from console.lib.errors import Conflict
 from ledger import decisions, services, tasks
 from ledger.models import Operation, OperationStatus
@@ -31,6 +32,8 @@ def run_sweep(now=None) -> dict[str, int]:
         Operation.objects.filter(status__in=[OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE], updated_at__lt=stale)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .filter(due_again)
+        # Held by a stop: resuming pushes them (ledger.control), not the sweeper.
+        .exclude(stopped_operations_q())
         .select_related("tool")[:BATCH]
     )
     for operation in waiting:

@@ -25,7 +25,7 @@ from approvals.models import Tool
 from console import live as console_live
 from console.lib.errors import DomainError, InvalidInput, NotFound, NotPermitted
 from console.lib.htmx import wants_fragment
-from ledger import support
+from ledger import control, support
 from ledger import support_selectors as selectors
 from ledger.compensation import COMPENSABLE, compensation_propose
 from ledger.filters import QueueFilterSet
@@ -118,6 +118,7 @@ def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[s
         "can_settle": (operation.status == OperationStatus.COMPENSATION_REQUIRED
                        and support.can_act(request.user, operation.tenant_id)),
         "compensations": list(operation.compensations.select_related("tool").order_by("created_at")),
+        "authority_notice": control.authority_notice(operation),
         "error": error,
         "error_action": error_action,
         "last_event_id": console_live.cursor_for(request.user),

@@ -310,3 +310,36 @@ def task_record_verification(*, task_id: str, expected_version: int, result: str
         transition(task, to=to, actor="system:verifier", reason=f"verification {result}", evidence=evidence,
                    guard={"version": expected_version}, changes={"version": F("version") + 1})
     return task
+
+
+
+def task_cancel_by_person(*, task_id: str, actor: str, reason: str) -> Task:
+    """A person cancels the task from the run page (no lease needed: a person overrides the
+    agent). Callers go through `ledger.control.task_cancel`, which closes what it left waiting."""
+    return _task_set_by_person(task_id=task_id, to=TaskStatus.CANCELLED, actor=actor, reason=reason)
+
+
+def task_pause_by_person(*, task_id: str, actor: str, reason: str) -> Task:
+    """A person pauses the task from the run page; the dispatcher holds its operations."""
+    return _task_set_by_person(task_id=task_id, to=TaskStatus.PAUSED, actor=actor, reason=reason)
+
+
+def task_resume(*, task_id: str, actor: str, reason: str) -> Task:
+    """paused → running (a person's pause, or a budget's after the budget was raised)."""
+    return _task_set_by_person(task_id=task_id, to=TaskStatus.RUNNING, actor=actor, reason=reason)
+
+
+def _task_set_by_person(*, task_id: str, to: str, actor: str, reason: str) -> Task:
+    """A compare-and-set on the version like every task move, version + 1, so the agent's next
+    commit under its old version is refused and it reads the task again. Already there: a no-op."""
+    if not (reason or "").strip():
+        raise InvalidInput("Say why: the agent and everyone on the run page are told.", details={"field": "reason"})
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(task_id=task_id).first()
+        if task is None:
+            raise NotFound(f"No task {task_id}.")
+        if to == TaskStatus.RUNNING and task.status not in (TaskStatus.PAUSED, TaskStatus.RUNNING):
+            raise Conflict(f"Only a paused task resumes; this one is {task.status}.", details={"status": task.status})
+        transition(task, to=to, actor=actor, reason=reason.strip(),
+                   guard={"version": task.version}, changes={"version": F("version") + 1})
+    return task

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from ledger import control_views
 from runs import views
 
 app_name = "runs"
@@ -7,4 +8,5 @@ urlpatterns = [
     path("", views.run_list, name="list"),
     path("<str:task_id>/", views.run_detail, name="detail"),
     path("<str:task_id>/trace/", views.run_trace, name="trace"),
+    path("<str:task_id>/control/<str:action>/", control_views.task_control, name="control"),
 ]

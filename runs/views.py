@@ -17,6 +17,7 @@ from approvals.models import ApprovalRequest
 from console.access import tenant_ids_for
 from console.live import cursor_for
 from console.models import Event, Tenant
+from ledger import control
 from ledger.models import Operation
 from runs.models import TASK_TERMINAL, Task, TaskStatus
 from runs.pricing import PriceBook
@@ -104,7 +105,8 @@ def run_detail_context(task: Task) -> dict:
 @login_required
 def run_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     task = _get_task_for_user(request, task_id)
-    context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": cursor_for(request.user)}
+    context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": cursor_for(request.user),
+                                          "can_control": control.may_control_task(request.user, task.tenant_id)}
     return render(request, "runs/detail.html", context)
 
 
