@@ -133,7 +133,12 @@ def check_operation(operation_id: str, *, effects: int) -> list[Finding]:
         else:
             bad(STUCK, f"still {operation.status} after the quiet period")
     elif was_authorized and not attempts and operation.status not in (OperationStatus.EXPIRED, OperationStatus.CANCELLED):
-        bad(LOST, f"authorized, never attempted, ended {operation.status}")
+        # authorized → planned: the dispatcher's re-check asked for approvals again, and a
+        # person then decided; that is a decision, not a lost authorization.
+        asked_again = any(event.from_status == OperationStatus.AUTHORIZED and event.to_status == OperationStatus.PLANNED
+                          for event in events)
+        if not (asked_again and operation.status == OperationStatus.REJECTED):
+            bad(LOST, f"authorized, never attempted, ended {operation.status}")
     return found
 
 

@@ -47,7 +47,7 @@ def _visible(request: Request):
 class StopListApi(APIView):
     authentication_classes = PEOPLE_AUTH
 
-    class InputSerializer(serializers.Serializer):
+    class StopCreateInputSerializer(serializers.Serializer):
         tenant = StrictCharField(help_text="The tenant's slug.")
         scope = serializers.ChoiceField(choices=Stop.Scope.choices)
         agent = StrictCharField(required=False, help_text="The agent's name (scope agent).")
@@ -62,11 +62,11 @@ class StopListApi(APIView):
             rows = _visible(request).filter(status=request.query_params["status"])[:200]
         return Response(StopOutputSerializer(rows, many=True).data)
 
-    @extend_schema(operation_id="stops_create", request=InputSerializer,
+    @extend_schema(operation_id="stops_create", request=StopCreateInputSerializer,
                    responses={201: StopOutputSerializer, **errors(400, 401, 403, 404, 409)},
                    summary="Stop a tenant, an agent or a tool at once")
     def post(self, request: Request) -> Response:
-        data = self.InputSerializer(data=request.data)
+        data = self.StopCreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         tenant = Tenant.objects.filter(slug=values["tenant"], pk__in=tenant_ids_for(request.user)).first()
@@ -89,16 +89,16 @@ class StopListApi(APIView):
 class StopResumeApi(APIView):
     authentication_classes = PEOPLE_AUTH
 
-    class InputSerializer(serializers.Serializer):
+    class StopResumeInputSerializer(serializers.Serializer):
         reason = StrictCharField(required=False, allow_blank=True, default="")
 
-    @extend_schema(operation_id="stops_resume", request=InputSerializer,
+    @extend_schema(operation_id="stops_resume", request=StopResumeInputSerializer,
                    responses={200: StopOutputSerializer, **errors(400, 401, 403, 404)},
                    summary="Resume a stop; what it held is dispatched again")
     def post(self, request: Request, stop_id: str) -> Response:
         if not _visible(request).filter(pk=stop_id).exists():
             raise NotFound(f"No stop {stop_id} in your tenants.")
-        data = self.InputSerializer(data=request.data)
+        data = self.StopResumeInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         control.stop_resume(stop_id=stop_id, user=request.user, reason=data.validated_data["reason"])
         return Response(StopOutputSerializer(_visible(request).get(pk=stop_id)).data)

@@ -18,6 +18,7 @@ from chaos.invariants import (
 )
 from console.lib.transitions import record_event
 from console.models import Event
+from ledger import services
 from ledger.models import Attempt, Operation, OperationStatus
 from tests.factories import make_operation
 
@@ -49,6 +50,17 @@ def test_an_authorized_operation_never_attempted_is_lost_and_a_dispatched_one_is
     dispatched = make_operation(agent, status=S.DISPATCHED)
     assert kinds(check_operation(authorized.operation_id, effects=0)) == [LOST]
     assert kinds(check_operation(dispatched.operation_id, effects=0)) == [STUCK]
+
+
+def test_an_operation_asked_again_and_then_rejected_is_not_lost(agent):
+    """authorized → planned: the dispatcher's re-check found the policy stricter; a reviewer
+    then rejecting it is a decision, not a lost authorization."""
+    operation = make_operation(agent, status=S.AUTHORIZED)
+    services.operation_hold_for_approval(operation_id=operation.operation_id, actor="test", reason="stricter now",
+                                         risk_tier=4)
+    services.operation_reject(operation_id=operation.operation_id, actor="test", reason="no")
+
+    assert check_operation(operation.operation_id, effects=0) == []
 
 
 def test_an_illegal_move_in_the_event_log_is_a_violation(agent):

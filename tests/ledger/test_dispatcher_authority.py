@@ -264,6 +264,6 @@ def test_the_agent_is_told_its_call_waits_for_the_approvals_now_required(approve
 
     body = api.get(f"/api/v1/operations/{operation.operation_id}").json()
 
-    assert (body["status"], body["decision"], body["risk_tier"]) == ("planned", "awaiting_approval", 4)
+    assert (body["status"], body["decision"]["outcome"], body["risk_tier"]) == ("planned", "awaiting_approval", 4)
     assert (body["approval"]["approval_id"], body["approval"]["approvals_needed"]) == (new.approval_id, 2)
     assert any("asked again" in reason for reason in body["reasons"])
