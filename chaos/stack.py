@@ -56,6 +56,9 @@ class ChaosStack:
     database_url: str
     broker_url: str | None = None  # None: a file-system broker in the stack's own folder
     workers: int = 2
+    # The worker pool: "prefork" with one child per worker (the seam scenarios kill that child),
+    # or None for the product's own choice (CELERY_WORKER_POOL, CELERY_WORKER_CONCURRENCY).
+    pool: str | None = "prefork"
     worker_skews: tuple[float, ...] = ()  # seconds per worker (scenario 9); missing = 0
     beat: bool = True
     hang_seconds: float = HANG_SECONDS
@@ -110,7 +113,8 @@ class ChaosStack:
         run = self.key_prefix.strip(":").split("-")[-1]
         for i in range(self.workers):
             skew = self.worker_skews[i] if i < len(self.worker_skews) else 0
-            argv = python("-m", "chaos.worker", "worker", "-Q", "fast,slow", "-P", "prefork", "-c", "1",
+            pool = ["-P", self.pool, "-c", "1"] if self.pool else []
+            argv = python("-m", "chaos.worker", "worker", "-Q", "fast,slow", *pool,
                           "-l", "info", "-n", f"chaos{i}-{run}@%h",
                           "--without-gossip", "--without-mingle", "--without-heartbeat")
             child = Child(f"worker{i}", argv, env={**env, SKEW_ENV: str(skew)})
@@ -311,3 +315,16 @@ def _reset_producer_pool(app) -> None:
     except (AttributeError, KeyError):
         pass
 
+
+
+def pool_pids(child: Child) -> list[int]:
+    """The pool processes a Celery worker's main process forked (none for a threads pool)."""
+    if not child.alive:
+        return []
+    pids: list[int] = []
+    for task in Path(f"/proc/{child.popen.pid}/task").glob("*"):
+        try:
+            pids.extend(int(pid) for pid in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return sorted(set(pids))

@@ -196,6 +196,12 @@ else:
     # Redis redelivers an unacked message after this many seconds, even to a second worker
     # while the first still runs it (celery#2599): the ledger, not the broker, decides.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+# The pool must survive a SIGKILL at any moment. A prefork child killed while it waits for work
+# dies holding its inqueue's lock, and the child that replaces it blocks on that lock for ever
+# while the worker looks alive. Threads share no such lock (a killed worker is one process the
+# supervisor restarts), and dispatch is I/O: the database and the provider, not the CPU.
+CELERY_WORKER_POOL = env.str("CELERY_WORKER_POOL", "threads", validate=OneOf(("threads", "prefork", "solo")))
+CELERY_WORKER_CONCURRENCY = env.int("CELERY_WORKER_CONCURRENCY", 4, validate=Range(min=1))
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -73,7 +73,7 @@ class Command(BaseCommand):
                 db_path=var / "sandbox" / "mail.sqlite3", hang_seconds=8, die_with_parent=True))
             children = [
                 Child("worker", python("-m", "celery", "-A", "console", "worker", "-Q", "fast,slow",
-                                       "-c", "2", "-l", "warning", "-n", "embedded@%h")),
+                                       "-l", "warning", "-n", "embedded@%h")),
                 Child("beat", python("-m", "celery", "-A", "console", "beat", "-l", "warning",
                                      "-s", str(var / "celerybeat-schedule"))),
                 Child("server", python("-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
