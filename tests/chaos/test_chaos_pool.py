@@ -14,7 +14,7 @@ from chaos import scenarios
 from chaos.stack import pool_pids
 from chaos.world import REFUND, kill, order, propose, wait_status
 from console.lib.procs import wait_until
-from ledger.models import OperationStatus
+from ledger.models import OperationStatus, WorkerHeartbeat
 from tests.chaos.conftest import start_stack
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
@@ -41,12 +41,47 @@ def kill_every_worker_process_once(stack) -> None:
         kill(worker.popen.pid, signal.SIGKILL)
 
 
-def test_calls_proposed_after_every_worker_process_was_killed_while_idle_all_run(product_pool_stack):
+def five_calls_all_confirm(stack) -> None:
     world = scenarios.ensure_world()
-    kill_every_worker_process_once(product_pool_stack)
-
     proposed = [propose(world, tool=REFUND, order_id=order()) for _ in range(5)]
-
     for p in proposed:
         wait_status(p.operation_id, {OperationStatus.CONFIRMED}, timeout=90,
-                    what=f"{p.operation_id} confirmed (logs: {product_pool_stack.logs()})")
+                    what=f"{p.operation_id} confirmed (restarts: {stack.restarts}; logs: {stack.logs()})")
+
+
+def test_calls_proposed_after_every_worker_process_was_killed_while_idle_all_run(product_pool_stack):
+    scenarios.ensure_world()
+    kill_every_worker_process_once(product_pool_stack)
+
+    five_calls_all_confirm(product_pool_stack)
+
+    # The restarted worker says so in its heartbeat, with the tasks it finished.
+    heartbeat = WorkerHeartbeat.objects.get(name=product_pool_stack.node_name(product_pool_stack.worker_children[0]))
+    wait_until(lambda: WorkerHeartbeat.objects.get(pk=heartbeat.pk).progressed_at is not None, timeout=10,
+               what="the worker's progress recorded")
+    assert heartbeat.pool == "thread" and heartbeat.queues == ["fast", "slow"]
+
+
+@pytest.fixture
+def deadlocked_prefork_stack(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        running = start_stack(workers=1, pool="prefork", concurrency=2, restart_stalled=True)
+    yield running
+    running.stop()
+
+
+def test_a_prefork_pool_deadlocked_by_killed_children_is_restarted_by_its_supervisor(deadlocked_prefork_stack):
+    """Prefork is still a choice (CELERY_WORKER_POOL): its deadlock is then found by progress —
+    the worker's heartbeat says alive, due work waits, no task finishes — and the supervisor
+    (the same code as make run's) restarts the worker."""
+    stack = deadlocked_prefork_stack
+    scenarios.ensure_world()
+    kill_every_worker_process_once(stack)
+
+    five_calls_all_confirm(stack)
+
+    if not stack.is_redis:
+        # The file-system transport has no event loop, so the pool is billiard's plain one, whose
+        # children share one inqueue: the deadlock. With Redis, Celery's event-loop pool gives each
+        # child its own queues and replaces a dead child's, and nothing needs restarting.
+        assert stack.restarts == ["worker0 is alive but made no progress"]
