@@ -14,23 +14,17 @@ On SQLite the database is a fresh file; on PostgreSQL the configured database is
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-if not os.environ.get("DATABASE_URL"):
-    os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='countersign-bench-pool-')}/bench.sqlite3"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+from bench.django_env import setup  # noqa: E402 - after the path is set
 
-import django  # noqa: E402
-
-django.setup()
+setup("countersign-bench-pool-")
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
