@@ -79,14 +79,15 @@ def due_work(now: datetime) -> tuple[int, float | None]:
         & (Q(not_before__isnull=True) | Q(not_before__lte=now))
         | Q(status=OperationStatus.UNKNOWN, next_reconcile_at__lte=now)
     )
-    count = query.count()
-    if not count:
-        return 0, None
     # The oldest by updated_at are the candidates; a backoff or a reconcile slot can only make
     # an operation due later than its last change.
-    sample = query.order_by("updated_at").values("status", "updated_at", "not_before", "next_reconcile_at")[:DUE_SAMPLE]
+    sample = list(query.order_by("updated_at").values("status", "updated_at", "not_before", "next_reconcile_at")
+                  [:DUE_SAMPLE])
+    if not sample:
+        return 0, None
     oldest = min(_due_since(row) for row in sample)
-    return count, max(0.0, (now - oldest).total_seconds())
+    # Counted after the sample: operations that moved on in between are simply not counted.
+    return max(len(sample), query.count()), max(0.0, (now - oldest).total_seconds())
 
 
 # -- the verdict -------------------------------------------------------------------------------
