@@ -6,7 +6,8 @@ Numbers follow the issue: 1 kill after provider success, 2 kill before the dispa
 7 duplicate delivery, 8 timeout on a tool without idempotency, 3 zombie worker, 10 retry burst,
 11 approval stale while queued, 9 worker clocks off by ±30 s; 6 the database connection cut
 mid-commit (dbdrop.py); 4 concurrent identical proposals, 5 one call ID with other arguments and
-12 two workers claiming one task (races.py).
+12 two workers claiming one task (races.py); 13–15 pool children or workers killed, or workers
+stopped, at random moments under a mixed-fault load (random_kills.py).
 """
 
 from __future__ import annotations
