@@ -180,7 +180,7 @@ def liveness_alert_check(now: datetime | None = None) -> LivenessAlert | None:
         raised_at=now, oldest_due_seconds=report.oldest_due_seconds, due_count=report.due_operations,
         detail={"workers": [asdict(w) for w in report.workers], "stalled": report.stalled},
     )
-    notifications.operators_alert(
+    errors = notifications.operators_alert(
         subject=f"Countersign: {report.due_operations} due operation(s), the oldest waiting "
                 f"{report.oldest_due_seconds:.0f} s",
         body={"kind": "liveness", "raised_at": now.isoformat(), "due_operations": report.due_operations,
@@ -188,6 +188,11 @@ def liveness_alert_check(now: datetime | None = None) -> LivenessAlert | None:
               "workers": [{"name": w.name, "alive": w.alive, "progressed_seconds_ago": w.progressed_seconds_ago}
                           for w in report.workers]},
     )
+    if errors:
+        # Kept on the alert (visible in the admin) and logged; the alert is not sent again.
+        for error in errors:
+            logger.warning("liveness alert not delivered: %s", error)
+        LivenessAlert.objects.filter(pk=alert.pk).update(detail={**alert.detail, "delivery_errors": errors})
     return alert
 
 

@@ -141,3 +141,13 @@ def test_progress_moves_the_clock_and_counts_tasks(agent):
 
     row = WorkerHeartbeat.objects.get()
     assert row.tasks_done == 3 and (timezone.now() - row.progressed_at).total_seconds() < 60
+
+
+def test_an_alert_that_could_not_be_delivered_keeps_the_errors(agent):
+    NotificationChannel.objects.create(tenant=None, tier=1, kind="webhook", target="http://127.0.0.1:9/nobody")
+    due_for(make_operation(agent, status=S.AUTHORIZED), 150)
+
+    liveness.liveness_alert_check()
+
+    (error,) = LivenessAlert.objects.get().detail["delivery_errors"]
+    assert "ConnectError" in error
