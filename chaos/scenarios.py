@@ -252,7 +252,7 @@ class Scenario:
     db_proxy: bool = False  # the workers reach PostgreSQL through the chaos proxy (scenario 6)
     api_server: bool = False  # the stack serves the agent API over HTTP
     needs_postgres: bool = False  # no server connection to drop on SQLite
-    pool: str | None = "prefork"  # None: the product's pool (CELERY_WORKER_POOL)
+    pool: str | None = None  # the product's pool (CELERY_WORKER_POOL), or e.g. "prefork"
     concurrency: int = 1
     restart_stalled: bool = False  # the stack restarts a worker that stops progressing, as make run does
 

@@ -1,4 +1,4 @@
-"""The processes a chaos trial runs against: N Celery workers (prefork, one pool child each),
+"""The processes a chaos trial runs against: N Celery workers (the product's pool unless told),
 beat (the sweeper, every SWEEP_SECONDS) and both sandbox providers, on a given database and
 broker, with the protocol's clocks shortened so a trial takes seconds, not minutes.
 
@@ -61,9 +61,10 @@ class ChaosStack:
     database_url: str
     broker_url: str | None = None  # None: a file-system broker in the stack's own folder
     workers: int = 2
-    # The worker pool: "prefork" with one child per worker (the seam scenarios kill that child),
-    # or None for the product's own choice (CELERY_WORKER_POOL, CELERY_WORKER_CONCURRENCY).
-    pool: str | None = "prefork"
+    # The worker pool: None for the product's own (CELERY_WORKER_POOL, CELERY_WORKER_CONCURRENCY:
+    # threads, where the seam scenarios' "blocked pool child" is the worker process itself), or
+    # e.g. "prefork" with `concurrency` children (scenario 13).
+    pool: str | None = None
     concurrency: int = 1  # with an explicit pool
     # Restart a worker that is alive but makes no progress while due work waits, as `make run`
     # does (ledger/liveness.py); off for the seam scenarios, which hold workers on purpose.
