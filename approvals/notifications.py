@@ -286,6 +286,27 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
     return Notification.objects.filter(pk=notification_id).first()
 
 
+def operators_alert(*, subject: str, body: dict[str, Any]) -> list[str]:
+    """An operational alert (not an approval) to the channels that cover every tenant, each
+    target once: the webhook gets `body` as JSON, the email its fields as lines. Sent now, by the
+    caller's process, with no transaction open; returns the errors (logged by the caller)."""
+    errors = []
+    seen = set()
+    for channel in NotificationChannel.objects.filter(tenant__isnull=True, enabled=True).order_by("id"):
+        if (channel.kind, channel.target) in seen:
+            continue
+        seen.add((channel.kind, channel.target))
+        try:
+            if channel.kind == NotificationChannel.Kind.WEBHOOK:
+                _send_webhook(channel, {"subject": subject, **body})
+            else:
+                text = "\n".join(f"{key}: {value}" for key, value in body.items())
+                send_mail(subject, text, None, [channel.target], fail_silently=False)
+        except Exception as exc:  # noqa: BLE001 - one channel's failure does not stop the others
+            errors.append(f"{channel}: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+    return errors
+
+
 def notifications_enqueue_due(*, now=None, limit: int = 500) -> int:
     """Re-enqueue pending deliveries that are due (a lost broker message, a worker that died).
     Meant for Celery beat; a duplicate enqueue is harmless (the claim above)."""

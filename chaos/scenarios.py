@@ -6,7 +6,8 @@ Numbers follow the issue: 1 kill after provider success, 2 kill before the dispa
 7 duplicate delivery, 8 timeout on a tool without idempotency, 3 zombie worker, 10 retry burst,
 11 approval stale while queued, 9 worker clocks off by ±30 s; 6 the database connection cut
 mid-commit (dbdrop.py); 4 concurrent identical proposals, 5 one call ID with other arguments and
-12 two workers claiming one task (races.py).
+12 two workers claiming one task (races.py); 13–15 pool children or workers killed, or workers
+stopped, at random moments under a mixed-fault load (random_kills.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from chaos import invariants
 from chaos.dbdrop import connection_drop
 from chaos.invariants import Expect, Finding
 from chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
+from chaos.random_kills import random_faults
 from chaos.stack import ChaosStack
 from chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
     NEEDS_APPROVAL,
@@ -44,6 +46,7 @@ from chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are use
 from console.lib.procs import wait_until
 from console.models import Event
 from ledger import decisions
+from ledger.liveness import due_work
 from ledger.models import Attempt, Operation, OperationStatus
 from ledger.retry import backoff_bounds
 from ledger.tasks import dispatch_operation
@@ -251,10 +254,14 @@ class Scenario:
     db_proxy: bool = False  # the workers reach PostgreSQL through the chaos proxy (scenario 6)
     api_server: bool = False  # the stack serves the agent API over HTTP
     needs_postgres: bool = False  # no server connection to drop on SQLite
+    pool: str | None = None  # the product's pool (CELERY_WORKER_POOL), or e.g. "prefork"
+    concurrency: int = 1
+    restart_stalled: bool = False  # the stack restarts a worker that stops progressing, as make run does
 
     def stack_options(self) -> dict:
         return {"workers": self.workers, "worker_skews": self.worker_skews, "db_proxy": self.db_proxy,
-                "api_server": self.api_server}
+                "api_server": self.api_server, "pool": self.pool, "concurrency": self.concurrency,
+                "restart_stalled": self.restart_stalled}
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -270,6 +277,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(4, "concurrent-proposals", concurrent_proposals),
     Scenario(5, "call-id-mismatch", call_id_mismatch),
     Scenario(12, "stale-lease", stale_lease),
+    Scenario(13, "random-kill-pool-child", random_faults("pool-child"), pool="prefork", concurrency=2,
+             restart_stalled=True),
+    Scenario(14, "random-kill-worker", random_faults("worker"), pool=None, restart_stalled=True),
+    Scenario(15, "random-stop-worker", random_faults("stop"), pool=None, restart_stalled=True),
 )}
 
 
@@ -278,6 +289,22 @@ def get_scenario(name: str) -> Scenario:
         if name in (scenario.name, str(scenario.number)):
             return scenario
     raise KeyError(f"unknown scenario {name!r}; known: {', '.join(f'{s.number}/{s.name}' for s in SCENARIOS.values())}")
+
+
+# While a worker lives, nothing due for one may wait longer than this (the stack's clocks
+# re-enqueue a lost dispatch after 2 s, and a worker clock skewed by 30 s may age a row by 30 s).
+DUE_AGE_LIMIT_SECONDS = 45.0
+
+
+class Oldest:
+    """The oldest due operation's age, sampled while a trial settles."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def sample(self) -> bool:
+        self.seconds = max(self.seconds, due_work(timezone.now())[1] or 0.0)
+        return True
 
 
 def run_trial(scenario: Scenario, stack: ChaosStack, world: World, rng: random.Random, index: int,
@@ -293,11 +320,15 @@ def run_trial(scenario: Scenario, stack: ChaosStack, world: World, rng: random.R
         notes.extend(trial.notes)
     findings = list(trial.findings)
     ids = list(trial.expectations)
+    oldest = Oldest()
     try:
-        wait_until(lambda: all(invariants.is_settled(op) for op in ids), timeout=quiet_seconds,
+        wait_until(lambda: oldest.sample() and all(invariants.is_settled(op) for op in ids), timeout=quiet_seconds,
                    what="the trial's operations to settle")
     except TimeoutError:
         pass  # whatever has not settled is counted as stuck or lost below
+    if oldest.seconds > DUE_AGE_LIMIT_SECONDS:
+        findings.append(Finding(invariants.STUCK, "-", f"an operation due for a worker waited {oldest.seconds:.0f} s "
+                                                        f"(limit {DUE_AGE_LIMIT_SECONDS:.0f} s) while workers lived"))
     for operation_id, expect in trial.expectations.items():
         operation = Operation.objects.filter(pk=operation_id).first()
         if operation is None:

@@ -1,4 +1,4 @@
-"""The processes a chaos trial runs against: N Celery workers (prefork, one pool child each),
+"""The processes a chaos trial runs against: N Celery workers (the product's pool unless told),
 beat (the sweeper, every SWEEP_SECONDS) and both sandbox providers, on a given database and
 broker, with the protocol's clocks shortened so a trial takes seconds, not minutes.
 
@@ -15,16 +15,20 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from django.db import connection as db_connection
+
 from chaos import seams
 from chaos.pgproxy import ProxyControl
 from chaos.worker_env import POLL_ENV, PREFIX_ENV, SKEW_ENV
 from console.celery import app as celery_app
-from console.lib.procs import Child, http_ok, python, wait_until
+from console.lib.procs import Child, http_ok, python, supervise, wait_until
+from ledger.liveness import worker_stalled
 from sandbox.process import SandboxProcess
 
 # Short clocks: a lost dispatch is re-enqueued after 2 s, a silent worker is `unknown` 2 s after
@@ -34,6 +38,7 @@ CLOCKS = {
     "REDISPATCH_AFTER_SECONDS": "2",
     "RECONCILE_WINDOW_SECONDS": "10",
     "SWEEP_SECONDS": "0.5",
+    "WORKER_HEARTBEAT_SECONDS": "1",
 }
 TOOL_TIMEOUT_SECONDS = 1.0
 # Longer than the tool timeout, so a hanging provider is a client-side timeout.
@@ -56,6 +61,15 @@ class ChaosStack:
     database_url: str
     broker_url: str | None = None  # None: a file-system broker in the stack's own folder
     workers: int = 2
+    # The worker pool: None for the product's own (CELERY_WORKER_POOL, CELERY_WORKER_CONCURRENCY:
+    # threads, where the seam scenarios' "blocked pool child" is the worker process itself), or
+    # e.g. "prefork" with `concurrency` children (scenario 13).
+    pool: str | None = None
+    concurrency: int = 1  # with an explicit pool
+    # Restart a worker that is alive but makes no progress while due work waits, as `make run`
+    # does (ledger/liveness.py); off for the seam scenarios, which hold workers on purpose.
+    restart_stalled: bool = False
+    stall_seconds: float = 5.0
     worker_skews: tuple[float, ...] = ()  # seconds per worker (scenario 9); missing = 0
     beat: bool = True
     hang_seconds: float = HANG_SECONDS
@@ -110,10 +124,13 @@ class ChaosStack:
         run = self.key_prefix.strip(":").split("-")[-1]
         for i in range(self.workers):
             skew = self.worker_skews[i] if i < len(self.worker_skews) else 0
-            argv = python("-m", "chaos.worker", "worker", "-Q", "fast,slow", "-P", "prefork", "-c", "1",
+            argv = python("-m", "chaos.worker", "worker", "-Q", "fast,slow",
                           "-l", "info", "-n", f"chaos{i}-{run}@%h",
                           "--without-gossip", "--without-mingle", "--without-heartbeat")
-            child = Child(f"worker{i}", argv, env={**env, SKEW_ENV: str(skew)})
+            # By the environment, not -P: Celery takes `-P prefork` for its default and lets the
+            # configured pool (CELERY_WORKER_POOL) win over it.
+            pool = {"CELERY_WORKER_POOL": self.pool, "CELERY_WORKER_CONCURRENCY": str(self.concurrency)} if self.pool else {}
+            child = Child(f"worker{i}", argv, env={**env, SKEW_ENV: str(skew), **pool})
             self.worker_children.append(child.start(log_dir=logs))
         if self.beat:
             self.beat_child = Child("beat", python("-m", "chaos.worker", "beat", "-l", "info",
@@ -156,12 +173,33 @@ class ChaosStack:
         faults the scenarios inject (they kill pool children, which Celery replaces): crashes
         the stack did not cause, e.g. kombu's file-system transport reading a message file its
         publisher has not written yet (JSONDecodeError, "Unrecoverable error")."""
-        while not self._stopping.wait(0.5):
-            for child in [*self.worker_children, *([self.beat_child] if self.beat_child else []),
-                          *([self.server_child] if self.server_child else [])]:
-                if not child.alive and not self._stopping.is_set():
-                    self.restarts.append(f"{child.name} exited with {child.popen.returncode}")
-                    child.start(log_dir=self.var_dir / "logs")
+        checked = 0.0
+        try:
+            while not self._stopping.wait(0.5):
+                check_stall = self.restart_stalled and time.monotonic() - checked >= 1.0
+                if check_stall:
+                    checked = time.monotonic()
+                supervise([*self.worker_children, *([self.beat_child] if self.beat_child else []),
+                           *([self.server_child] if self.server_child else [])],
+                          log_dir=self.var_dir / "logs",
+                          stalled=lambda child, check=check_stall: check and self._worker_stalled(child),
+                          on_restart=lambda child, why: self.restarts.append(f"{child.name} {why}"))
+        finally:
+            db_connection.close()  # this thread's own; a test database cannot be dropped while open
+
+    def _worker_stalled(self, child: Child) -> bool:
+        # A worker (re)started less than a stall period ago has had no chance to progress.
+        if child not in self.worker_children or self._stopping.is_set() or child.uptime < self.stall_seconds:
+            return False
+        try:
+            return worker_stalled(self.node_name(child), stall_seconds=self.stall_seconds)
+        except Exception:  # noqa: BLE001 - the database may be away (scenario 6); not the worker's fault
+            return False
+
+    def node_name(self, child: Child) -> str:
+        index = self.worker_children.index(child)
+        run = self.key_prefix.strip(":").split("-")[-1]
+        return f"chaos{index}-{run}@{socket.gethostname()}"
 
     def stop(self) -> None:
         self._stopping.set()
@@ -311,3 +349,16 @@ def _reset_producer_pool(app) -> None:
     except (AttributeError, KeyError):
         pass
 
+
+
+def pool_pids(child: Child) -> list[int]:
+    """The pool processes a Celery worker's main process forked (none for a threads pool)."""
+    if not child.alive:
+        return []
+    pids: list[int] = []
+    for task in Path(f"/proc/{child.popen.pid}/task").glob("*"):
+        try:
+            pids.extend(int(pid) for pid in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return sorted(set(pids))

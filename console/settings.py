@@ -272,6 +272,20 @@ else:
     # Redis redelivers an unacked message after this many seconds, even to a second worker
     # while the first still runs it (celery#2599): the ledger, not the broker, decides.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+# The pool must survive a SIGKILL at any moment. A prefork child killed while it waits for work
+# dies holding its inqueue's lock, and the child that replaces it blocks on that lock for ever
+# while the worker looks alive. Threads share no such lock (a killed worker is one process the
+# supervisor restarts), and dispatch is I/O: the database and the provider, not the CPU.
+CELERY_WORKER_POOL = env.str("CELERY_WORKER_POOL", "threads", validate=OneOf(("threads", "prefork", "solo")))
+CELERY_WORKER_CONCURRENCY = env.int("CELERY_WORKER_CONCURRENCY", 4, validate=Range(min=1))
+# Liveness (ledger/liveness.py): a worker writes a heartbeat this often; it is stalled when due
+# work has waited WORKER_STALL_SECONDS and it finished nothing for as long (make run restarts
+# it); beat checks every LIVENESS_CHECK_SECONDS and alerts when the oldest due operation is
+# older than LIVENESS_ALERT_SECONDS.
+WORKER_HEARTBEAT_SECONDS = env.float("WORKER_HEARTBEAT_SECONDS", 5.0, validate=Range(min=0.1))
+WORKER_STALL_SECONDS = env.float("WORKER_STALL_SECONDS", 30.0, validate=Range(min=1))
+LIVENESS_CHECK_SECONDS = env.float("LIVENESS_CHECK_SECONDS", 10.0, validate=Range(min=0.1))
+LIVENESS_ALERT_SECONDS = env.float("LIVENESS_ALERT_SECONDS", 120.0, validate=Range(min=1))
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -29,6 +29,7 @@ urlpatterns = [
     path("v1/traces", otlp_traces, name="otlp-traces"),
     path("metrics", metrics_endpoint.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
+    path("healthz/workers", metrics_endpoint.worker_health, name="worker-health"),
 ]
 
 handler400 = views.bad_request

@@ -11,9 +11,10 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views import defaults
 
-from console.access import tenant_ids_for
+from console.access import roles_of, tenant_ids_for
 from console.api import error_body
-from console.models import Event, RiskTier
+from console.models import Event, RiskTier, Role
+from ledger.liveness import liveness_report
 from runs import metrics
 from runs.models import Task
 
@@ -48,6 +49,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
                       .distinct().order_by("task_type")),
         "tiers": RiskTier.choices,
         "active_nav": "dashboard",
+        # Workers serve every tenant: their panel is for staff and tenant admins only.
+        "liveness": liveness_report() if request.user.is_staff or Role.ADMIN in roles_of(request.user) else None,
     }
     return render(request, "console/dashboard.html", context)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from console.lib.admin import ReadOnlyAdmin
-from ledger.models import Attempt, Call, Operation
+from ledger.models import Attempt, Call, LivenessAlert, Operation, WorkerHeartbeat
 
 
 class AttemptInline(admin.TabularInline):
@@ -36,3 +36,13 @@ class AttemptAdmin(ReadOnlyAdmin):
 class CallAdmin(ReadOnlyAdmin):
     list_display = ["call_id", "task", "operation", "created_at"]
     search_fields = ["call_id", "operation__operation_id"]
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+    list_display = ["name", "pool", "queues", "pid", "started_at", "seen_at", "progressed_at", "tasks_done"]
+
+
+@admin.register(LivenessAlert)
+class LivenessAlertAdmin(ReadOnlyAdmin):
+    list_display = ["raised_at", "cleared_at", "oldest_due_seconds", "due_count"]

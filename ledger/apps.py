@@ -5,8 +5,10 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self) -> None:
-        # Registers the support console's live streams ("unknown", "operation").
-        from ledger import (
-            control_live,  # noqa: F401  (the stops page's stream)
-            live,  # noqa: F401
+        # Registers the support console's live streams ("unknown", "operation") and the stops
+        # page's, and connects the worker heartbeats and beat's liveness watch (Celery signals).
+        from ledger import (  # noqa: F401
+            control_live,
+            live,
+            liveness,
         )

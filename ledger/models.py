@@ -186,3 +186,42 @@ class ToolCircuit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_id}: open until {self.open_until}" if self.open_until else f"{self.tool_id}: closed"
+
+
+class WorkerHeartbeat(models.Model):
+    """One Celery worker (by node name): alive when `seen_at` is recent, progressing when
+    `progressed_at` is. A worker can look alive and make no progress (a deadlocked pool, a
+    frozen process); ledger.liveness tells the two apart."""
+
+    name = models.CharField(max_length=200, primary_key=True, help_text="Celery node name, e.g. worker1@host.")
+    hostname = models.CharField(max_length=200, blank=True)
+    pid = models.IntegerField(default=0)
+    pool = models.CharField(max_length=40, blank=True)
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField(default=timezone.now)
+    seen_at = models.DateTimeField(default=timezone.now)
+    progressed_at = models.DateTimeField(null=True, blank=True, help_text="The last task the worker finished.")
+    tasks_done = models.BigIntegerField(default=0, help_text="Finished tasks, counted at most once a second.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LivenessAlert(models.Model):
+    """An episode of due work left waiting longer than LIVENESS_ALERT_SECONDS: raised once (and
+    sent to the operator channels), cleared when the oldest due operation is young again."""
+
+    raised_at = models.DateTimeField(default=timezone.now)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    oldest_due_seconds = models.FloatField()
+    due_count = models.IntegerField()
+    detail = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-raised_at"]
+
+    def __str__(self) -> str:
+        return f"liveness alert {self.raised_at:%Y-%m-%d %H:%M:%S}" + (" (cleared)" if self.cleared_at else "")

@@ -35,9 +35,15 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen | None = None
     log_path: Path | None = None
+    started_at: float = 0.0  # time.monotonic() of the last start
+
+    @property
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_at
 
     def start(self, *, log_dir: Path | None = None) -> Child:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.started_at = time.monotonic()
         stdout = None
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +90,20 @@ def first_taken_port(ports: list[int]) -> int | None:
             except OSError:
                 return number
     return None
+
+
+def supervise(children: list[Child], *, log_dir: Path | None, stalled: Callable[[Child], bool] = lambda child: False,
+              on_restart: Callable[[Child, str], None] = lambda child, why: None) -> None:
+    """One round of supervision: start again a child that exited, and stop and start again one
+    that is alive but `stalled` (e.g. a worker whose pool no longer runs tasks)."""
+    for child in children:
+        if not child.alive:
+            on_restart(child, f"exited ({child.popen.returncode if child.popen else None})")
+            child.start(log_dir=log_dir)
+        elif stalled(child):
+            on_restart(child, "is alive but made no progress")
+            child.stop(timeout=5)
+            child.start(log_dir=log_dir)
 
 
 def python(*args: str) -> list[str]:

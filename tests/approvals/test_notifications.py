@@ -247,3 +247,18 @@ def test_a_channel_target_that_cannot_be_delivered_to_is_refused_by_validation(d
         NotificationChannel(tier=3, kind="email", target="not-an-address").full_clean()
     NotificationChannel(tier=3, kind="webhook", target="https://hooks.example.com/x").full_clean()
     NotificationChannel(tier=3, kind="email", target="oncall@example.com").full_clean()
+
+
+def test_an_operators_alert_goes_to_each_all_tenant_channel_once_and_reports_failures(tenant):
+    with Receiver() as good, Receiver(fail_first=1) as failing:
+        channel(1, "webhook", good.url)
+        channel(4, "webhook", good.url)  # the same target at another tier: told once
+        channel(2, "webhook", failing.url)
+        channel(1, "webhook", "http://127.0.0.1:9/unreachable", enabled=False)
+        channel(1, "webhook", good.url + "?tenant", tenant=tenant)  # a tenant's own channel: not an operator's
+
+        errors = notifications.operators_alert(subject="Countersign: 3 due", body={"kind": "liveness", "due": 3})
+
+    assert good.bodies == [{"subject": "Countersign: 3 due", "kind": "liveness", "due": 3}]
+    assert len(failing.bodies) == 1
+    assert len(errors) == 1 and "HTTP 500" in errors[0]

@@ -15,13 +15,14 @@ from approvals.models import ApprovalDecision, ApprovalRequest, EscalationRule, 
 from console.lib.ids import derive_operation_id
 from console.models import AgentPrincipal, Event, hash_token
 from ledger.decisions import approval_approve
-from ledger.models import Attempt, Call, Operation, OperationStatus
+from ledger.models import Attempt, Call, LivenessAlert, Operation, OperationStatus, WorkerHeartbeat
 from runs.models import Lease, Step, Task
 from tests.factories import make_approval_request, make_operation, make_task
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
-READ_ONLY = [Operation, Attempt, Call, ApprovalRequest, ApprovalDecision, Event, Task, Step, Lease]
+READ_ONLY = [Operation, Attempt, Call, ApprovalRequest, ApprovalDecision, Event, Task, Step, Lease, WorkerHeartbeat,
+             LivenessAlert]
 EDITABLE = [Tool, PolicyTier, EscalationRule, AgentPrincipal]
 
 
@@ -50,6 +51,8 @@ def evidence(agent, senior, senior2):
         Task: operation.task,
         Step: operation.step,
         Lease: Lease.objects.get(task=operation.task),
+        WorkerHeartbeat: WorkerHeartbeat.objects.create(name="w1@host", pool="thread", queues=["fast"]),
+        LivenessAlert: LivenessAlert.objects.create(oldest_due_seconds=130.0, due_count=3),
     }
 
 

@@ -1,12 +1,21 @@
 """`make run` (the run_embedded command): a port already taken is named in one sentence, with
-how to pick another, before anything starts (a probe got a traceback)."""
+how to pick another, before anything starts (a probe got a traceback); the worker is restarted
+when it is alive but stalled, not before it had a stall period of its own."""
 
 from __future__ import annotations
 
 import socket
+import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from console.lib.procs import Child
+from console.management.commands.run_embedded import _stall_check
+from ledger.models import Operation, OperationStatus, WorkerHeartbeat
+from tests.factories import make_operation
 
 
 @pytest.fixture
@@ -30,3 +39,23 @@ def test_a_taken_port_is_named_with_how_to_choose_another(settings, tmp_path, ta
     assert f"Port {taken_port} is in use" in message
     assert "PORT=" in message
     assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+
+@pytest.mark.django_db
+def test_the_worker_is_judged_stalled_only_after_a_stall_period_of_its_own(settings, agent):
+    settings.WORKER_STALL_SECONDS = 30
+    settings.WORKER_HEARTBEAT_SECONDS = 0.1
+    now = timezone.now()
+    operation = make_operation(agent, status=OperationStatus.AUTHORIZED)
+    Operation.objects.filter(pk=operation.pk).update(updated_at=now - timedelta(seconds=120))
+    WorkerHeartbeat.objects.create(name="embedded@box", started_at=now - timedelta(seconds=600), seen_at=now)
+    worker, server = Child("worker", []), Child("server", [])
+    stalled = _stall_check("embedded@box")
+
+    worker.started_at = server.started_at = time.monotonic()
+    assert not stalled(worker)  # just (re)started: it has had no chance yet
+
+    worker.started_at = server.started_at = time.monotonic() - 60
+    assert stalled(worker)
+    assert not stalled(server)  # only the worker is judged by its progress

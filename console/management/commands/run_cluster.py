@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from psycopg import sql
 
-from console.lib.procs import Child, first_taken_port, http_ok, python, wait_until
+from console.lib.procs import Child, first_taken_port, http_ok, python, supervise, wait_until
 from sandbox.process import SandboxProcess
 
 DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/countersign_cluster"
@@ -79,6 +80,26 @@ def cluster_environment(port: int, var: Path) -> dict[str, str]:
         "SANDBOX_MAIL_SMTP_PORT": str(port + 3),
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
     }
+
+
+def _stall_probe(env: dict[str, str]):
+    """A worker is restarted when the documented probe (`manage.py worker_health --worker`, run
+    with the cluster's settings, as an orchestrator would) says it is alive but stalled (exit 1).
+    Asked once per stall period per worker, and only after a stall period since its start."""
+    asked: dict[str, float] = {}
+
+    def stalled(child: Child) -> bool:
+        if not child.name.startswith("worker-") or child.uptime < settings.WORKER_STALL_SECONDS:
+            return False
+        if time.monotonic() - asked.get(child.name, 0.0) < settings.WORKER_STALL_SECONDS:
+            return False
+        asked[child.name] = time.monotonic()
+        node = f"{child.name.removeprefix('worker-')}@{socket.gethostname()}"
+        probe = subprocess.run(python("manage.py", "worker_health", "--worker", node), cwd=settings.BASE_DIR,
+                               env={**os.environ, **env}, capture_output=True, timeout=60)
+        return probe.returncode == 1
+
+    return stalled
 
 
 class Command(BaseCommand):
@@ -141,9 +162,9 @@ class Command(BaseCommand):
                   for n, p in enumerate(servers, start=1)),
                 Child("balancer", python("-m", "console.lib.tcpproxy", "--listen", str(port),
                                          *(arg for p in servers for arg in ("--backend", f"127.0.0.1:{p}"))), env=env),
-                Child("worker-fast", python("-m", "celery", "-A", "console", "worker", "-Q", "fast", "-c", "2",
+                Child("worker-fast", python("-m", "celery", "-A", "console", "worker", "-Q", "fast",
                                             "-l", "info", "-n", "fast@%h"), env=env),
-                Child("worker-slow", python("-m", "celery", "-A", "console", "worker", "-Q", "slow", "-c", "2",
+                Child("worker-slow", python("-m", "celery", "-A", "console", "worker", "-Q", "slow",
                                             "-l", "info", "-n", "slow@%h"), env=env),
                 Child("beat", python("-m", "celery", "-A", "console", "beat", "-l", "warning",
                                      "-s", str(var / "celerybeat-schedule")), env=env),
@@ -153,12 +174,10 @@ class Command(BaseCommand):
             for p in (*servers, port):
                 wait_until(http_ok(f"http://127.0.0.1:{p}/healthz"), timeout=60, what=f"the server on port {p}")
             self._banner(port, servers, admin, password, token, logs)
+            stalled = _stall_probe(env)
             while not stopping:
-                for child in children:
-                    if not child.alive:
-                        self.stderr.write(f"{child.name} exited ({child.popen.returncode}); restarting it. "
-                                          f"See {child.log_path}.")
-                        child.start(log_dir=logs)
+                supervise(children, log_dir=logs, stalled=stalled, on_restart=lambda child, why: self.stderr.write(
+                    f"{child.name} {why}; restarting it. See {child.log_path}."))
                 time.sleep(0.5)
         finally:
             self.stdout.write("Stopping…")

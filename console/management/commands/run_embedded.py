@@ -16,22 +16,39 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from console.demo import ensure_demo_data
-from console.lib.procs import Child, http_ok, python, wait_until
+from console.lib.procs import Child, first_taken_port, http_ok, python, supervise, wait_until
+from ledger.liveness import worker_stalled
 from sandbox.process import SandboxProcess
+
+WORKER_NODE = "embedded@%h"
 
 
 def _refuse_taken_ports(port: int, smtp_port: int) -> None:
     """Say which port is taken, and how to choose others, before anything starts."""
-    for number in (port, port + 1, port + 2, smtp_port):
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", number))
-            except OSError:
-                raise CommandError(
-                    f"Port {number} is in use; start on other ports with PORT=<n> make run "
-                    f"(the server takes PORT, the sandboxes PORT+1 to PORT+3; now PORT={port})."
-                ) from None
+    taken = first_taken_port([port, port + 1, port + 2, smtp_port])
+    if taken is not None:
+        raise CommandError(
+            f"Port {taken} is in use; start on other ports with PORT=<n> make run "
+            f"(the server takes PORT, the sandboxes PORT+1 to PORT+3; now PORT={port})."
+        )
+
+
+def _stall_check(worker_node: str):
+    """The worker is restarted when it is alive but due work waits and it finished nothing for
+    WORKER_STALL_SECONDS (ledger/liveness.py); asked once per heartbeat interval."""
+    last = {"at": 0.0}
+
+    def stalled(child: Child) -> bool:
+        if (child.name != "worker" or child.uptime < settings.WORKER_STALL_SECONDS
+                or time.monotonic() - last["at"] < settings.WORKER_HEARTBEAT_SECONDS):
+            return False
+        last["at"] = time.monotonic()
+        try:
+            return worker_stalled(worker_node)
+        except Exception:  # noqa: BLE001 - the database being away is not the worker's fault
+            return False
+
+    return stalled
 
 
 class Command(BaseCommand):
@@ -73,7 +90,7 @@ class Command(BaseCommand):
                 db_path=var / "sandbox" / "mail.sqlite3", hang_seconds=8, die_with_parent=True))
             children = [
                 Child("worker", python("-m", "celery", "-A", "console", "worker", "-Q", "fast,slow",
-                                       "-c", "2", "-l", "warning", "-n", "embedded@%h")),
+                                       "-l", "warning", "-n", WORKER_NODE)),
                 Child("beat", python("-m", "celery", "-A", "console", "beat", "-l", "warning",
                                      "-s", str(var / "celerybeat-schedule"))),
                 Child("server", python("-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
@@ -86,12 +103,10 @@ class Command(BaseCommand):
                 child.start(log_dir=logs)
             wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="the server")
             self._banner(port, logs)
+            stalled = _stall_check(WORKER_NODE.replace("%h", socket.gethostname()))
             while not stopping:
-                for child in children:
-                    if not child.alive:
-                        self.stderr.write(f"{child.name} exited ({child.popen.returncode}); restarting it. "
-                                          f"See {child.log_path}.")
-                        child.start(log_dir=logs)
+                supervise(children, log_dir=logs, stalled=stalled, on_restart=lambda child, why: self.stderr.write(
+                    f"{child.name} {why}; restarting it. See {child.log_path}."))
                 time.sleep(0.5)
         finally:
             self.stdout.write("Stopping…")
