@@ -20,7 +20,7 @@ from approvals.models import Tool
 from approvals.tools import BODY_METHODS, STATUS_STATES
 from console.lib import urltemplate
 from ledger.adapters.base import ERROR, FOUND, Outcome, QueryAnswer, known_success, not_sent
-from ledger.adapters.http import send
+from ledger.adapters.http import client, send
 
 _MISSING = object()
 
@@ -96,8 +96,8 @@ class HttpToolAdapter:
             return known_success(receipt=self._receipt(body, code=response.status_code), result=self._result(body),
                                  code=str(response.status_code), raw={"status": response.status_code, "body": body})
 
-        with httpx.Client(timeout=timeout) as client:
-            return send(lambda: client.send(request), on_success=on_success)
+        request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
+        return send(lambda: client().send(request), on_success=on_success)
 
     def _receipt(self, body: Any, *, code: int | str, via: str | None = None) -> dict[str, Any]:
         receipt: dict[str, Any] = {"provider": self.tool.name, "http_status": code}
@@ -127,7 +127,7 @@ class HttpToolAdapter:
         except (LookupError, ValueError) as exc:
             return QueryAnswer(ERROR, raw={"error": str(exc)})
         try:
-            response = httpx.get(url, headers=headers, timeout=timeout)
+            response = client().get(url, headers=headers, timeout=timeout)
         except httpx.HTTPError as exc:
             return QueryAnswer(ERROR, raw={"error": f"{type(exc).__name__}: {exc}"})
         try:

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from ledger.adapters.base import Outcome, known_failure, not_sent, unknown
+
+_clients: dict[int, httpx.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def client() -> httpx.Client:
+    """The process's HTTP client for providers, shared by its threads.
+
+    Building a client costs tens of milliseconds (its TLS context), many times a local
+    provider's answer, so every call would pay it. One per process: a forked child must not
+    share its parent's sockets. Each request passes its own timeout. A pooled connection the
+    provider closed meanwhile can fail a request after it was written: that is classified
+    `unknown` like any reset, and reconciliation settles it; idle connections expire after a
+    few seconds to keep that rare."""
+    pid = os.getpid()
+    shared = _clients.get(pid)
+    if shared is None:
+        with _clients_lock:
+            shared = _clients.get(pid)
+            if shared is None:
+                shared = _clients[pid] = httpx.Client(limits=httpx.Limits(keepalive_expiry=4.0))
+    return shared
 
 
 def _body(response: httpx.Response) -> Any:

@@ -25,6 +25,7 @@ from ledger.adapters.base import (
     not_sent,
     unknown,
 )
+from ledger.adapters.http import client
 
 SENDER = "agents@countersign.local"
 
@@ -102,7 +103,7 @@ class MailAdapter:
         message_id = message_id_for(key)
         url = f"{settings.SANDBOX_MAIL_URL.rstrip('/')}/messages/{quote(message_id, safe='')}"
         try:
-            response = httpx.get(url, timeout=timeout)
+            response = client().get(url, timeout=timeout)
         except httpx.HTTPError as exc:
             return QueryAnswer(ERROR, raw={"error": f"{type(exc).__name__}: {exc}"})
         try:

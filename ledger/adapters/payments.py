@@ -18,7 +18,7 @@ from ledger.adapters.base import (
     QueryAnswer,
     known_success,
 )
-from ledger.adapters.http import send
+from ledger.adapters.http import client, send
 
 
 def _base_url() -> str:
@@ -39,14 +39,14 @@ class RefundAdapter:
             )
 
         return send(
-            lambda: httpx.post(f"{_base_url()}/refunds", json=arguments, headers={"Idempotency-Key": key},
+            lambda: client().post(f"{_base_url()}/refunds", json=arguments, headers={"Idempotency-Key": key},
                                timeout=timeout),
             on_success=on_success,
         )
 
     def query(self, *, key: str, timeout: float) -> QueryAnswer:
         try:
-            response = httpx.get(f"{_base_url()}/refunds/by-key/{quote(key, safe='')}", timeout=timeout)
+            response = client().get(f"{_base_url()}/refunds/by-key/{quote(key, safe='')}", timeout=timeout)
         except httpx.HTTPError as exc:
             return QueryAnswer(ERROR, raw={"error": f"{type(exc).__name__}: {exc}"})
         body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
@@ -97,7 +97,7 @@ class OrderLookupAdapter:
                                  code=str(response.status_code), raw={"status": response.status_code})
 
         order_id = quote(str(arguments["order_id"]), safe="")
-        return send(lambda: httpx.get(f"{_base_url()}/orders/{order_id}", timeout=timeout), on_success=on_success)
+        return send(lambda: client().get(f"{_base_url()}/orders/{order_id}", timeout=timeout), on_success=on_success)
 
     def query(self, *, key: str, timeout: float) -> QueryAnswer:
         return QueryAnswer(ABSENT, raw={"note": "reads have no effect to find"})

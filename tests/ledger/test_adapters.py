@@ -347,3 +347,29 @@ def test_write_adapters_can_be_asked_by_key(adapter_name):
 def test_an_unknown_adapter_name_is_a_lookup_error():
     with pytest.raises(LookupError, match="No adapter named"):
         get_adapter("nope")
+
+
+def test_one_http_client_per_process_shared_by_its_threads_and_never_inherited_by_a_child():
+    """Building a client per call cost more than a local provider's answer; a forked child must
+    not share its parent's sockets."""
+    import os
+
+    from ledger.adapters.http import client as http_client
+
+    mine = http_client()
+    seen: list[int] = []
+    threads = [threading.Thread(target=lambda: seen.append(id(http_client()))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(seen) == {id(mine)}
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports whether it got a client of its own
+        os.write(write, b"own" if http_client() is not mine else b"inherited")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"own"
+
