@@ -17,8 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
-from django.conf import settings
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -45,7 +44,7 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from console.live import DOORBELL_GROUP
+from console.live import DOORBELL_GROUP, latest_event_id
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
@@ -60,11 +59,11 @@ from ledger.selectors import (
 
 MAX_WAIT_SECONDS = 30.0
 # A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
-# it looks again after this long: a ring can be lost (channels-redis drops over capacity), and an
-# in-memory layer reaches no other process (embedded mode's worker commits where the web
-# server cannot hear it), so there the old short poll stays.
+# it looks again after this long: a ring can be lost (channels-redis drops over capacity).
 FALLBACK_POLL_SECONDS = 2.0
-MEMORY_LAYER_POLL_SECONDS = 0.1
+# With an in-memory layer the doorbell watches the event table's tail instead: one query per
+# this interval per event loop, however many polls wait.
+TAIL_POLL_SECONDS = 0.02
 
 logger = logging.getLogger(__name__)
 
@@ -367,7 +366,10 @@ class _Doorbell:
 
     async def _subscribe(self) -> None:
         layer = get_channel_layer()
-        if layer is None:
+        if layer is None or isinstance(layer, InMemoryChannelLayer):
+            # No ring reaches this process from another one (embedded mode's worker commits
+            # where the web server cannot hear it): the tail of the event table rings instead.
+            self.listener = asyncio.create_task(self._watch_tail())
             return
         try:
             channel = await layer.new_channel()
@@ -392,6 +394,21 @@ class _Doorbell:
         finally:
             with contextlib.suppress(Exception):
                 await layer.group_discard(DOORBELL_GROUP, channel)
+
+    async def _watch_tail(self) -> None:
+        last = None
+        while True:
+            try:
+                current = await _db(latest_event_id)()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the fallback poll still answers
+                logger.warning("long-poll event tail unreadable", exc_info=True)
+                current = last
+            if last is not None and current != last:
+                self._ring()
+            last = current
+            await asyncio.sleep(TAIL_POLL_SECONDS)
 
     @contextlib.asynccontextmanager
     async def waiting(self):
@@ -418,8 +435,7 @@ class _Doorbell:
 async def _wait_for_change(call_pk: int, baseline: str, wait: float) -> None:
     """Until the call's status differs from `baseline` or `wait` seconds have passed, reading
     the status again at each ring of the doorbell (and at the fallback interval)."""
-    fallback = (MEMORY_LAYER_POLL_SECONDS if settings.CHANNEL_LAYER_URL.startswith("memory://")
-                else FALLBACK_POLL_SECONDS)
+    fallback = FALLBACK_POLL_SECONDS
     bell = _Doorbell.for_loop()
     async with bell.waiting():
         deadline = bell.loop.time() + wait
