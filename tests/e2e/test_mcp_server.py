@@ -14,6 +14,7 @@ import httpx
 import httpx2
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -63,6 +64,18 @@ def _forget_connections() -> None:
     # What Celery itself does after a fork (Celery._after_fork): the next publish connects anew.
     celery_app._pool = None
     celery_app.amqp._producer_pool = None
+
+
+def in_a_thread(decide):
+    """A decision taken by a reviewer from the test's event loop: in a worker thread, whose
+    database connection is closed after (the test database is dropped at the end)."""
+    def run(**kwargs):
+        try:
+            return decide(**kwargs)
+        finally:
+            connection.close()
+
+    return sync_to_async(run, thread_sensitive=False)
 
 
 @asynccontextmanager
@@ -156,7 +169,7 @@ async def _refund_approved_while_waiting(url: str, reviewer):
     async with mcp_session(url, AGENT_TOKEN) as session:
         first = await session.call_tool("payments_refund", refund("ord-kettle-1", 120))
         call = first.structured_content
-        await sync_to_async(approval_approve)(approval_id=call["approval_id"], reviewer=reviewer, reason="ok")
+        await in_a_thread(approval_approve)(approval_id=call["approval_id"], reviewer=reviewer, reason="ok")
         final = await session.call_tool("countersign_wait", {"call_id": call["call_id"], "timeout_seconds": 45})
         for _ in range(3):  # still in flight after 45 s: wait again, a bounded number of times
             if not final.structured_content.get("pending"):
@@ -178,7 +191,7 @@ async def _refund_rejected(url: str, reviewer):
     async with mcp_session(url, AGENT_TOKEN) as session:
         first = await session.call_tool("payments_refund", refund("ord-kettle-2", 120))
         call = first.structured_content
-        await sync_to_async(approval_reject)(approval_id=call["approval_id"], reviewer=reviewer,
+        await in_a_thread(approval_reject)(approval_id=call["approval_id"], reviewer=reviewer,
                                              reason="not this order")
         return await session.call_tool("countersign_wait", {"call_id": call["call_id"], "timeout_seconds": 45})
 
