@@ -3,7 +3,8 @@
 The same contract as the HTTP API (docs/agents.md), through the same service functions:
 
 - Authentication is the agent's bearer token (`console.api.principal_for_authorization`); no
-  token or an unknown one is a 401 before the MCP layer sees the request. A session is bound
+  token or an unknown one is a 401 before the MCP layer sees the request, and each request
+  counts against the token's and the tenant's rate limit (429) as the API's do. A session is bound
   to the agent that opened it: another token presenting its ID gets 404.
 - `tools/list` is `GET /api/v1/tools` (enabled tools allowed for this agent) with `.` in names
   turned into `_` (function-calling models allow `[a-zA-Z0-9_-]`), the base tier in the
@@ -47,8 +48,9 @@ from starlette.responses import JSONResponse
 
 from approvals.models import Tool
 from console.api import error_body, principal_for_authorization
-from console.lib.errors import Conflict, DomainError
+from console.lib.errors import Conflict, DomainError, RateLimited
 from console.models import AgentPrincipal
+from console.ratelimit import rate_limit_hit
 from ledger.api import OperationOutputSerializer, _db, _wait_for_change
 from ledger.proposals import MAX_CALL_ID, call_propose
 from ledger.selectors import FINAL_STATUSES, Outcome, call_detail, call_for_principal
@@ -332,6 +334,13 @@ class McpServer:
                        "Use 'Authorization: Bearer <token>' with a known, active agent token.")
             await JSONResponse(error_body("unauthenticated", message), status_code=401,
                                headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        try:
+            # Counted like the HTTP API's requests (console/ratelimit.py): one per HTTP request.
+            await _db(rate_limit_hit)(principal)
+        except RateLimited as exc:
+            await JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=exc.status,
+                               headers={"Retry-After": str(exc.retry_after)})(scope, receive, send)
             return
         # The SDK binds a session to the credential that opened it (another agent's token
         # presenting its ID is answered 404): the agent is the credential.

@@ -28,6 +28,8 @@ from sandbox.client import effects
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN, make_user
 from tests.stack import FullStack
 
+ACCEPT = "application/json, text/event-stream"
+
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 
@@ -129,6 +131,18 @@ def test_no_token_or_an_unknown_one_is_401(stack, agent):
         assert response.headers["WWW-Authenticate"] == "Bearer"
 
 
+def test_its_requests_count_against_the_agents_rate_limit(stack, agent):
+    agent.api_rate_per_minute = 1
+    agent.save(update_fields=["api_rate_per_minute"])
+    initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "limit", "version": "1"}}}
+    headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "Accept": ACCEPT}
+    assert httpx.post(f"{stack.url}/mcp", headers=headers, json=initialize).status_code == 200
+    over = httpx.post(f"{stack.url}/mcp", headers=headers, json=initialize)
+    assert over.status_code == 429 and over.json()["error"]["code"] == "rate_limited"
+    assert int(over.headers["Retry-After"]) >= 1
+
+
 def test_the_read_tool_answers_with_its_result_in_the_sessions_task(stack, agent):
     result = asyncio.run(_lookup(stack.url))
     assert not result.is_error
@@ -208,8 +222,6 @@ async def _call(url: str, name: str, arguments: dict):
 
 
 # --- a client's retry of the same request ----------------------------------------------------
-
-ACCEPT = "application/json, text/event-stream"
 
 
 def rpc_answer(response: httpx.Response) -> dict:
