@@ -155,6 +155,20 @@ def test_the_read_tool_answers_with_its_result_in_the_sessions_task(stack, agent
     assert Operation.objects.get(pk=body["operation_id"]).tool.name == "orders.lookup"
 
 
+def test_parallel_first_calls_of_a_session_share_its_one_task(stack, agent):
+    results = asyncio.run(_parallel_lookups(stack.url))
+    assert [r.is_error for r in results] == [False] * 3
+    assert len({r.structured_content["task_id"] for r in results}) == 1
+    assert len({r.structured_content["call_id"] for r in results}) == 3
+    assert Task.objects.filter(actor=agent).count() == 1
+
+
+async def _parallel_lookups(url: str):
+    async with mcp_session(url, AGENT_TOKEN) as session:
+        return await asyncio.gather(*(session.call_tool("orders_lookup", {"order_id": f"ord-{n}"})
+                                      for n in range(3)))
+
+
 async def _lookup(url: str):
     async with mcp_session(url, AGENT_TOKEN) as session:
         return await session.call_tool("orders_lookup", {"order_id": "ord-42"})
@@ -233,15 +247,27 @@ def rpc_answer(response: httpx.Response) -> dict:
     return json.loads(next(d for d in data if d))
 
 
-def test_a_retried_request_is_the_same_call_and_one_effect(stack, agent):
-    http = httpx.Client(base_url=stack.url, timeout=60,
-                        headers={"Authorization": f"Bearer {AGENT_TOKEN}", "Accept": ACCEPT})
+def raw_session(url: str, token: str) -> tuple[httpx.Client, dict[str, str]]:
+    """An MCP session opened by hand: the client and the headers of its later requests."""
+    http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {token}", "Accept": ACCEPT})
     opened = http.post("/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "retry", "version": "1"}}})
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
     version = rpc_answer(opened)["result"]["protocolVersion"]
     headers = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": version}
     assert http.post("/mcp", headers=headers,
                      json={"jsonrpc": "2.0", "method": "notifications/initialized"}).status_code == 202
+    return http, headers
+
+
+def test_another_agents_token_cannot_use_a_session(stack, agent, outsider_agent):
+    _, headers = raw_session(stack.url, AGENT_TOKEN)
+    response = httpx.post(f"{stack.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                          headers={**headers, "Authorization": f"Bearer {OUTSIDER_TOKEN}", "Accept": ACCEPT})
+    assert response.status_code == 404
+
+
+def test_a_retried_request_is_the_same_call_and_one_effect(stack, agent):
+    http, headers = raw_session(stack.url, AGENT_TOKEN)
 
     request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                "params": {"name": "payments_refund", "arguments": refund("ord-retry-1", 30)}}
