@@ -45,13 +45,24 @@ http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else
 
 from console import live  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
+from ledger.mcp_server import McpServer, is_mcp_path  # noqa: E402
 
 live.SERVING = True
 
+# Countersign as an MCP server (ledger/mcp_server.py, docs/agents.md): /mcp is not a Django view.
+mcp_server = McpServer()
+
+
+async def http_or_mcp(scope, receive, send) -> None:
+    app = mcp_server if is_mcp_path(scope["path"]) else http_app
+    await app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": http_app,
-        "lifespan": asgi_lifespan,  # flushes spans at shutdown; run uvicorn with --lifespan on
+        "http": http_or_mcp,
+        # Flushes spans at shutdown and runs the MCP sessions; run uvicorn with --lifespan on.
+        "lifespan": mcp_server.lifespan(asgi_lifespan),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
