@@ -1,0 +1,159 @@
+"""The asynchronous client: the same API as `countersign.client`, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from countersign import _core
+from countersign.errors import ApiError, CountersignUnavailable, NotFinal
+
+
+class AsyncClient:
+    def __init__(self, base_url: str, token: str, *, timeout: float = 35.0,
+                 http: httpx.AsyncClient | None = None, retries: int = _core.RETRIES) -> None:
+        self.retries = retries
+        self.base_url = base_url.rstrip("/")
+        self.http = http or httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
+                                              headers={"Authorization": f"Bearer {token}"})
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        last: object = None
+        for attempt in range(max(self.retries, 1)):
+            await asyncio.sleep(_core.backoff(attempt))
+            try:
+                answer = _core.settle(await self.http.request(method, path, **kwargs))
+            except httpx.TransportError as error:
+                last = error
+                continue
+            if answer is not None:
+                return answer
+            last = "a gateway error"
+        raise _core.unavailable(self.base_url, last)
+
+    async def start_task(self, *, key: str, task_type: str, goal: str, inputs: dict | None = None,
+                         constraints: dict | None = None, success_criteria: list | None = None,
+                         owner: str | None = None, ttl_seconds: int = 300, renew: bool = True) -> AsyncTask:
+        body = _core.start_body(task_type=task_type, goal=goal, inputs=inputs, constraints=constraints,
+                                success_criteria=success_criteria, owner=owner or key, ttl_seconds=ttl_seconds)
+        answer = await self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        task = AsyncTask(self, answer, owner=owner or key, ttl_seconds=ttl_seconds)
+        if renew:
+            task.start_renewing()
+        return task
+
+    async def tools(self) -> list[dict[str, Any]]:
+        return (await self.request("GET", f"{_core.API}/tools"))["tools"]
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncTask:
+    def __init__(self, client: AsyncClient, answer: dict[str, Any], *, owner: str, ttl_seconds: int) -> None:
+        self.client = client
+        self.task_id: str = answer["task_id"]
+        self.status: str = answer["status"]
+        self.version: int = answer["version"]
+        self.fencing_token: int | None = answer.get("fencing_token")
+        self.owner, self.ttl_seconds = owner, ttl_seconds
+        self.lease_error: Exception | None = None
+        self._renewer: asyncio.Task | None = None
+
+    async def renew(self) -> dict[str, Any]:
+        return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/lease",
+                                         json={"owner": self.owner, "ttl_seconds": self.ttl_seconds})
+
+    def start_renewing(self) -> None:
+        if self._renewer is None:
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.ttl_seconds / 3, 1))
+            try:
+                await self.renew()
+            except ApiError as error:
+                self.lease_error = _core.lease_error(error)
+                return
+            except CountersignUnavailable:
+                continue
+
+    async def stop_renewing(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+            self._renewer = None
+
+    def call_id(self, tool: str, step_id: str) -> str:
+        return _core.call_id_for(self.task_id, step_id, tool)
+
+    async def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str,
+                      call_id: str | None = None) -> dict[str, Any]:
+        if self.lease_error is not None:
+            raise self.lease_error
+        return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
+            "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
+            "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+
+    async def wait(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        answer = await self.client.request("GET", _core.call_path(call_id), params={"task_id": self.task_id, "wait": 0})
+        while _core.is_open(answer):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            wait = _core.POLL_SECONDS if left is None else max(1, min(_core.POLL_SECONDS, int(left)))
+            answer = await self.client.request("GET", _core.call_path(call_id), params={
+                "task_id": self.task_id, "wait": wait, "seen": answer["status"]})
+        return answer
+
+    async def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str,
+                          call_id: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+        proposed = await self.propose(tool, arguments, step_id=step_id, call_id=call_id)
+        return await self.wait(proposed["call_id"], timeout=timeout)
+
+    async def call(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
+                   timeout: float | None = None) -> Any:
+        answer = await self.call_answer(tool, arguments, step_id=step_id, call_id=call_id, timeout=timeout)
+        if _core.is_open(answer):
+            raise NotFinal(answer)
+        return _core.outcome(answer)
+
+    async def check(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls",
+                                         json={"dry_run": True, "tool": tool, "arguments": arguments})
+
+    async def needs_approval(self, tool: str, arguments: dict[str, Any]) -> bool:
+        return (await self.check(tool, arguments))["outcome"] == "awaiting_approval"
+
+    async def transition(self, to: str, *, evidence: dict[str, Any] | None = None, reason: str = "") -> dict[str, Any]:
+        answer = await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
+            "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
+            "evidence": evidence or {}, "reason": reason})
+        self.version, self.status = answer["version"], answer["status"]
+        return answer
+
+    async def finish(self, *, evidence: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        try:
+            return await self.transition("verifying", evidence=evidence, reason=reason)
+        finally:
+            await self.stop_renewing()
+
+    async def fail(self, reason: str, *, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            return await self.transition("failed", evidence=evidence, reason=reason)
+        finally:
+            await self.stop_renewing()
+
+    async def close(self) -> None:
+        await self.stop_renewing()
