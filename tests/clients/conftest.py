@@ -10,6 +10,7 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from console.lib.procs import wait_until
+from runs.models import Task, TaskStatus
 from tests.stack import FullStack
 
 
@@ -39,3 +40,11 @@ def decide(stack: FullStack, approval_id: str, verdict: str, *, username: str = 
         answer = browser.post(f"/approvals/{approval_id}/{verdict}/", data={"reason": reason},
                               headers={"X-CSRFToken": browser.cookies["csrftoken"]})
         assert answer.status_code == 302, answer.text[:500]
+
+
+def judged(task_id: str) -> Task:
+    """The task once its verifier ruled on the evidence `finish()` handed it. Waiting for it also
+    keeps the stack's worker from writing while the test database is flushed."""
+    wait_until(lambda: Task.objects.filter(pk=task_id).exclude(status=TaskStatus.VERIFYING).exists(),
+               timeout=60, what=f"the verifier's verdict on {task_id}")
+    return Task.objects.get(pk=task_id)
