@@ -18,7 +18,9 @@ from countersign import (
     link_span,
 )
 
+from console.lib.procs import wait_until
 from ledger.models import Operation
+from runs.models import Lease
 from sandbox import client as sandbox
 from tests.asgi import free_port
 from tests.clients.conftest import decide, judged, pending_approval
@@ -151,3 +153,15 @@ def test_link_span_sets_the_attributes_the_span_ingest_reads():
     assert span.attributes["gen_ai.tool.call.id"] == "c/1"
     assert span.attributes["countersign.call_id"] == "c/1"
     assert span.attributes["countersign.operation_id"] == "op-1"
+
+
+def test_the_lease_is_renewed_in_the_background_while_the_task_is_open(client):
+    task = client.start_task(key="thread-lease", **CONTRACT, ttl_seconds=3)
+    granted = Lease.objects.get(task_id=task.task_id).expires_at
+
+    wait_until(lambda: Lease.objects.get(task_id=task.task_id).expires_at > granted, timeout=30,
+               what="a renewal of the lease")
+    lease = Lease.objects.get(task_id=task.task_id)
+    assert lease.owner == "thread-lease" and lease.fencing_token == task.fencing_token
+    task.close()
+    assert not task._renewer.is_alive()
