@@ -13,6 +13,7 @@ from countersign import (
     AsyncClient,
     Client,
     CountersignUnavailable,
+    LeaseLost,
     Refused,
     Rejected,
     link_span,
@@ -20,7 +21,7 @@ from countersign import (
 
 from console.lib.procs import wait_until
 from ledger.models import Operation
-from runs.models import Lease
+from runs.models import Lease, Task
 from sandbox import client as sandbox
 from tests.asgi import free_port
 from tests.clients.conftest import decide, judged, pending_approval
@@ -165,3 +166,18 @@ def test_the_lease_is_renewed_in_the_background_while_the_task_is_open(client):
     assert lease.owner == "thread-lease" and lease.fencing_token == task.fencing_token
     task.close()
     assert not task._renewer.is_alive()
+
+
+def test_a_process_replaced_by_its_restart_gets_lease_lost(stack, client):
+    replaced = client.start_task(key="thread-replaced", **CONTRACT, renew=False)
+    with Client(stack.url, AGENT_TOKEN) as restarted:
+        successor = restarted.start_task(key="thread-replaced", **CONTRACT, renew=False)
+
+        with pytest.raises(LeaseLost):
+            replaced.call("payments.refund", refund("ord-7", 30), step_id="refund-ord-7")
+        with pytest.raises(LeaseLost):
+            replaced.fail("gave up")
+        successor.fail("the test is over")
+
+    assert not Operation.objects.filter(task_id=replaced.task_id).exists()
+    assert Task.objects.get(pk=replaced.task_id).status == "failed"

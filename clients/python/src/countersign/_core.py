@@ -107,3 +107,11 @@ def outcome(answer: dict[str, Any]) -> Any:
 
 def lease_error(error: ApiError) -> Exception:
     return LeaseLost(error.message) if error.status == 409 else error
+
+
+def fenced(error: ApiError) -> Exception:
+    """A 409 naming the current fencing token: a newer holder of the lease (this agent's own
+    restart, or another owner after expiry) replaced this process."""
+    if error.status == 409 and {"fencing_token", "current"} <= set(error.details):
+        return LeaseLost(error.message)
+    return error

@@ -101,9 +101,12 @@ class AsyncTask:
                       call_id: str | None = None) -> dict[str, Any]:
         if self.lease_error is not None:
             raise self.lease_error
-        return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
-            "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
-            "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+        try:
+            return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
+                "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
+                "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+        except ApiError as error:
+            raise _core.fenced(error) from error
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -137,9 +140,12 @@ class AsyncTask:
         return (await self.check(tool, arguments))["outcome"] == "awaiting_approval"
 
     async def transition(self, to: str, *, evidence: dict[str, Any] | None = None, reason: str = "") -> dict[str, Any]:
-        answer = await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
-            "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
-            "evidence": evidence or {}, "reason": reason})
+        try:
+            answer = await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
+                "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
+                "evidence": evidence or {}, "reason": reason})
+        except ApiError as error:
+            raise _core.fenced(error) from error
         self.version, self.status = answer["version"], answer["status"]
         return answer
 

@@ -116,9 +116,12 @@ class Task:
     def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None) -> dict[str, Any]:
         """Proposes the call (a repeat answers from the ledger) and returns the server's answer."""
         self._check_lease()
-        return self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
-            "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
-            "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+        try:
+            return self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
+                "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
+                "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+        except ApiError as error:
+            raise _core.fenced(error) from error
 
     def wait(self, call_id: str, *, seen: str | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Long-polls the call until it is final (or parked for people), or `timeout` passes."""
@@ -163,9 +166,12 @@ class Task:
     # The end -----------------------------------------------------------------------------------
 
     def transition(self, to: str, *, evidence: dict[str, Any] | None = None, reason: str = "") -> dict[str, Any]:
-        answer = self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
-            "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
-            "evidence": evidence or {}, "reason": reason})
+        try:
+            answer = self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
+                "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
+                "evidence": evidence or {}, "reason": reason})
+        except ApiError as error:
+            raise _core.fenced(error) from error
         self.version, self.status = answer["version"], answer["status"]
         return answer
 
