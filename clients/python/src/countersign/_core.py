@@ -4,6 +4,7 @@ a call answer. No I/O here."""
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -115,3 +116,65 @@ def fenced(error: ApiError) -> Exception:
     if error.status == 409 and {"fencing_token", "current"} <= set(error.details):
         return LeaseLost(error.message)
     return error
+
+
+def deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def next_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict[str, Any] | None:
+    """The query of the next long-poll of a call, or None when waiting is over (the call is no
+    longer open, or the caller's deadline passed)."""
+    if not is_open(answer):
+        return None
+    left = None if until is None else until - time.monotonic()
+    if left is not None and left <= 0:
+        return None
+    wait = POLL_SECONDS if left is None else max(1, min(POLL_SECONDS, int(left)))
+    return {"task_id": task_id, "wait": wait, "seen": answer["status"]}
+
+
+class TaskState:
+    """The task as this process holds it: the version of its own last commit and its fencing
+    token, which every proposal and commit carries. The I/O is the sync or async subclass's."""
+
+    def __init__(self, answer: dict[str, Any], *, owner: str, ttl_seconds: int) -> None:
+        self.task_id: str = answer["task_id"]
+        self.status: str = answer["status"]
+        self.version: int = answer["version"]
+        self.fencing_token: int | None = answer.get("fencing_token")
+        self.owner, self.ttl_seconds = owner, ttl_seconds
+        self.lease_error: Exception | None = None
+
+    @property
+    def renew_every(self) -> float:
+        return max(self.ttl_seconds / 3, 1)
+
+    def call_id(self, tool: str, step_id: str) -> str:
+        return call_id_for(self.task_id, step_id, tool)
+
+    def lease_request(self) -> tuple[str, dict[str, Any]]:
+        return f"{API}/tasks/{self.task_id}/lease", {"owner": self.owner, "ttl_seconds": self.ttl_seconds}
+
+    def propose_request(self, tool: str, arguments: dict[str, Any], step_id: str,
+                        call_id: str | None) -> tuple[str, dict[str, Any]]:
+        if self.lease_error is not None:
+            raise self.lease_error
+        return f"{API}/tasks/{self.task_id}/calls", {
+            "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
+            "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token}
+
+    def check_request(self, tool: str, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return f"{API}/tasks/{self.task_id}/calls", {"dry_run": True, "tool": tool, "arguments": arguments}
+
+    def transition_request(self, to: str, evidence: dict[str, Any] | None, reason: str) -> tuple[str, dict[str, Any]]:
+        return f"{API}/tasks/{self.task_id}/transition", {
+            "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
+            "evidence": evidence or {}, "reason": reason}
+
+    def committed(self, answer: dict[str, Any]) -> dict[str, Any]:
+        self.version, self.status = answer["version"], answer["status"]
+        return answer
+
+    def first_poll(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "wait": 0}

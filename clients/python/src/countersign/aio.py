@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import httpx
@@ -58,20 +57,15 @@ class AsyncClient:
         await self.aclose()
 
 
-class AsyncTask:
+class AsyncTask(_core.TaskState):
     def __init__(self, client: AsyncClient, answer: dict[str, Any], *, owner: str, ttl_seconds: int) -> None:
+        super().__init__(answer, owner=owner, ttl_seconds=ttl_seconds)
         self.client = client
-        self.task_id: str = answer["task_id"]
-        self.status: str = answer["status"]
-        self.version: int = answer["version"]
-        self.fencing_token: int | None = answer.get("fencing_token")
-        self.owner, self.ttl_seconds = owner, ttl_seconds
-        self.lease_error: Exception | None = None
         self._renewer: asyncio.Task | None = None
 
     async def renew(self) -> dict[str, Any]:
-        return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/lease",
-                                         json={"owner": self.owner, "ttl_seconds": self.ttl_seconds})
+        path, body = self.lease_request()
+        return await self.client.request("POST", path, json=body)
 
     def start_renewing(self) -> None:
         if self._renewer is None:
@@ -79,7 +73,7 @@ class AsyncTask:
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(max(self.ttl_seconds / 3, 1))
+            await asyncio.sleep(self.renew_every)
             try:
                 await self.renew()
             except ApiError as error:
@@ -94,30 +88,19 @@ class AsyncTask:
             await asyncio.gather(self._renewer, return_exceptions=True)
             self._renewer = None
 
-    def call_id(self, tool: str, step_id: str) -> str:
-        return _core.call_id_for(self.task_id, step_id, tool)
-
     async def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str,
                       call_id: str | None = None) -> dict[str, Any]:
-        if self.lease_error is not None:
-            raise self.lease_error
+        path, body = self.propose_request(tool, arguments, step_id, call_id)
         try:
-            return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
-                "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
-                "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+            return await self.client.request("POST", path, json=body)
         except ApiError as error:
             raise _core.fenced(error) from error
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        answer = await self.client.request("GET", _core.call_path(call_id), params={"task_id": self.task_id, "wait": 0})
-        while _core.is_open(answer):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            wait = _core.POLL_SECONDS if left is None else max(1, min(_core.POLL_SECONDS, int(left)))
-            answer = await self.client.request("GET", _core.call_path(call_id), params={
-                "task_id": self.task_id, "wait": wait, "seen": answer["status"]})
+        until = _core.deadline(timeout)
+        answer = await self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
+        while (params := _core.next_poll(self.task_id, answer, until)) is not None:
+            answer = await self.client.request("GET", _core.call_path(call_id), params=params)
         return answer
 
     async def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str,
@@ -133,21 +116,18 @@ class AsyncTask:
         return _core.outcome(answer)
 
     async def check(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls",
-                                         json={"dry_run": True, "tool": tool, "arguments": arguments})
+        path, body = self.check_request(tool, arguments)
+        return await self.client.request("POST", path, json=body)
 
     async def needs_approval(self, tool: str, arguments: dict[str, Any]) -> bool:
         return (await self.check(tool, arguments))["outcome"] == "awaiting_approval"
 
     async def transition(self, to: str, *, evidence: dict[str, Any] | None = None, reason: str = "") -> dict[str, Any]:
+        path, body = self.transition_request(to, evidence, reason)
         try:
-            answer = await self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
-                "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
-                "evidence": evidence or {}, "reason": reason})
+            return self.committed(await self.client.request("POST", path, json=body))
         except ApiError as error:
             raise _core.fenced(error) from error
-        self.version, self.status = answer["version"], answer["status"]
-        return answer
 
     async def finish(self, *, evidence: dict[str, Any], reason: str = "") -> dict[str, Any]:
         try:

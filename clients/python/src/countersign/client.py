@@ -65,23 +65,18 @@ class Client:
         self.close()
 
 
-class Task:
+class Task(_core.TaskState):
     def __init__(self, client: Client, answer: dict[str, Any], *, owner: str, ttl_seconds: int) -> None:
+        super().__init__(answer, owner=owner, ttl_seconds=ttl_seconds)
         self.client = client
-        self.task_id: str = answer["task_id"]
-        self.status: str = answer["status"]
-        self.version: int = answer["version"]
-        self.fencing_token: int | None = answer.get("fencing_token")
-        self.owner, self.ttl_seconds = owner, ttl_seconds
-        self.lease_error: Exception | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
     # The lease, renewed in the background while the task is open -----------------------------
 
     def renew(self) -> dict[str, Any]:
-        return self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/lease",
-                                   json={"owner": self.owner, "ttl_seconds": self.ttl_seconds})
+        path, body = self.lease_request()
+        return self.client.request("POST", path, json=body)
 
     def start_renewing(self) -> None:
         if self._renewer is None:
@@ -90,7 +85,7 @@ class Task:
             self._renewer.start()
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(max(self.ttl_seconds / 3, 1)):
+        while not self._stop.wait(self.renew_every):
             try:
                 self.renew()
             except ApiError as error:
@@ -104,38 +99,22 @@ class Task:
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=5)
 
-    def _check_lease(self) -> None:
-        if self.lease_error is not None:
-            raise self.lease_error
-
     # Calls -------------------------------------------------------------------------------------
-
-    def call_id(self, tool: str, step_id: str) -> str:
-        return _core.call_id_for(self.task_id, step_id, tool)
 
     def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None) -> dict[str, Any]:
         """Proposes the call (a repeat answers from the ledger) and returns the server's answer."""
-        self._check_lease()
+        path, body = self.propose_request(tool, arguments, step_id, call_id)
         try:
-            return self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls", json={
-                "call_id": call_id or self.call_id(tool, step_id), "step_id": step_id, "tool": tool,
-                "arguments": arguments, "expected_version": self.version, "fencing_token": self.fencing_token})
+            return self.client.request("POST", path, json=body)
         except ApiError as error:
             raise _core.fenced(error) from error
 
-    def wait(self, call_id: str, *, seen: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
         """Long-polls the call until it is final (or parked for people), or `timeout` passes."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        params: dict[str, Any] = {"task_id": self.task_id, "wait": 0}
-        answer = self.client.request("GET", _core.call_path(call_id), params=params)
-        while _core.is_open(answer):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            wait = _core.POLL_SECONDS if left is None else max(1, min(_core.POLL_SECONDS, int(left)))
-            params = {"task_id": self.task_id, "wait": wait, "seen": seen or answer["status"]}
+        until = _core.deadline(timeout)
+        answer = self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
+        while (params := _core.next_poll(self.task_id, answer, until)) is not None:
             answer = self.client.request("GET", _core.call_path(call_id), params=params)
-            seen = None
         return answer
 
     def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
@@ -155,8 +134,8 @@ class Task:
 
     def check(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """The gate's verdict for these arguments now (a dry run: nothing is written)."""
-        return self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/calls",
-                                   json={"dry_run": True, "tool": tool, "arguments": arguments})
+        path, body = self.check_request(tool, arguments)
+        return self.client.request("POST", path, json=body)
 
     def needs_approval(self, tool: str, arguments: dict[str, Any]) -> bool:
         """True when proposing these arguments now would wait for a person. A call the gate
@@ -166,14 +145,11 @@ class Task:
     # The end -----------------------------------------------------------------------------------
 
     def transition(self, to: str, *, evidence: dict[str, Any] | None = None, reason: str = "") -> dict[str, Any]:
+        path, body = self.transition_request(to, evidence, reason)
         try:
-            answer = self.client.request("POST", f"{_core.API}/tasks/{self.task_id}/transition", json={
-                "to": to, "expected_version": self.version, "fencing_token": self.fencing_token,
-                "evidence": evidence or {}, "reason": reason})
+            return self.committed(self.client.request("POST", path, json=body))
         except ApiError as error:
             raise _core.fenced(error) from error
-        self.version, self.status = answer["version"], answer["status"]
-        return answer
 
     def finish(self, *, evidence: dict[str, Any], reason: str = "") -> dict[str, Any]:
         """Hands the task to its verifier (`verifying`): only the verifier says `succeeded`."""
