@@ -1,7 +1,8 @@
 """The LangGraph example against a real server: the agent process is killed (SIGKILL) after it
 proposed a refund and before LangGraph saved the step; restarted from its SQLite checkpointer
 with the same thread ID, it re-proposes the same call, gets the same operation, then interrupts
-for the second refund's approval and resumes once a reviewer approves. One effect per refund."""
+for the second refund's approval and resumes once a reviewer approves. One effect per refund.
+In process: a rejected call resumes the graph with an error ToolMessage carrying the reason."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from countersign import Client
+from countersign.langgraph import approvals_waiting, resume_when_decided
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -91,3 +93,25 @@ def approval_interrupted(stack, db: Path) -> bool:
     """The checkpoint holds LangGraph's interrupt with the approval's data."""
     [interrupt] = checkpoint(stack, db).interrupts
     return interrupt.value["kind"] == "countersign.approval" and interrupt.value["calls"][0]["tier"] == 3
+
+
+def test_a_rejected_call_resumes_the_graph_with_an_error_the_model_reads(stack, agent, reviewer):
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    client = Client(stack.url, AGENT_TOKEN)
+    graph, tools = langgraph_refund.build(client, InMemorySaver())
+    config = {"configurable": {"thread_id": "refund-thread-rejected"}}
+
+    graph.invoke({"messages": [("user", "Refund both orders.")]}, config)
+    [waiting] = approvals_waiting(graph, config)
+    [held] = waiting["calls"]
+    assert held["tool"] == "payments.refund" and held["arguments"]["order_id"] == "ord-2"
+    decide(stack, held["approval_id"], "reject", reason="ord-2 was delivered")
+    resume_when_decided(graph, config, client)
+
+    messages = graph.get_state(config).values["messages"]
+    first, second = [message for message in messages if isinstance(message, ToolMessage)]
+    assert first.status == "success" and second.status == "error"
+    assert second.content == "rejected by user:reviewer: ord-2 was delivered"
+    assert Operation.objects.get(pk=held["operation_id"]).status == "rejected"
+    judged(tools.tasks["refund-thread-rejected"].task_id)
