@@ -10,10 +10,13 @@ from typing import Any
 
 def link_span(*, task_id: str, step_id: str | None = None, call_id: str | None = None,
               operation_id: str | None = None, tool: str | None = None, span: Any = None) -> Any:
-    """Sets the link attributes on `span` (default: the current span). Returns the span."""
+    """Sets the link attributes on `span` (default: the current span). Returns the span; None
+    when no span is given and OpenTelemetry is not installed (nothing traces, nothing to link)."""
     if span is None:
-        from opentelemetry import trace
-
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            return None
         span = trace.get_current_span()
     attributes = {"countersign.task_id": task_id, "countersign.step_id": step_id,
                   "countersign.call_id": call_id, "gen_ai.tool.call.id": call_id,
