@@ -1,0 +1,183 @@
+"""The Python client against a real server (uvicorn, a Celery worker, the sandbox providers):
+a call the gate runs returns its result; a held call returns once a reviewer approves, raises
+Rejected when one rejects; a refusal raises Refused; a restart under the same idempotency key
+continues the same task and gets the same operation, with one effect at the provider."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from countersign import (
+    AsyncClient,
+    Client,
+    CountersignUnavailable,
+    LeaseLost,
+    Refused,
+    Rejected,
+    link_span,
+)
+
+from console.lib.procs import wait_until
+from ledger.models import Operation
+from runs.models import Lease, Task
+from sandbox import client as sandbox
+from tests.asgi import free_port
+from tests.clients.conftest import decide, judged, pending_approval
+from tests.conftest import AGENT_TOKEN
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+
+CONTRACT = {"task_type": "refund", "goal": "Refund the broken kettle", "inputs": {"order_id": "ord-42"}}
+
+
+def refund(order_id: str, amount: float) -> dict:
+    return {"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "broken"}
+
+
+def effects(stack, operation_id: str) -> list[dict]:
+    return sandbox.effects(stack.payments.base_url, key=Operation.objects.get(pk=operation_id).idempotency_key)
+
+
+@pytest.fixture
+def client(stack, agent):
+    with Client(stack.url, AGENT_TOKEN) as client:
+        yield client
+
+
+def test_a_call_the_gate_runs_returns_its_result(stack, client):
+    task = client.start_task(key="thread-auto", **CONTRACT)
+    assert task.status == "running" and task.fencing_token is not None
+
+    result = task.call("payments.refund", refund("ord-1", 30), step_id="refund-ord-1")
+
+    [operation] = Operation.objects.filter(task_id=task.task_id)
+    assert operation.status == "confirmed"
+    assert result == operation.result and result is not None
+    assert len(effects(stack, operation.operation_id)) == 1
+    task.close()
+
+
+def test_a_held_call_returns_after_a_reviewer_approves(stack, client, reviewer):
+    task = client.start_task(key="thread-approve", **CONTRACT)
+    assert task.needs_approval("payments.refund", refund("ord-2", 80))
+    assert not task.needs_approval("payments.refund", refund("ord-2", 30))
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(task.call, "payments.refund", refund("ord-2", 80), step_id="refund-ord-2")
+        approval = pending_approval(task.call_id("payments.refund", "refund-ord-2"))
+        assert not waiting.done()
+        decide(stack, approval.approval_id, "approve", reason="fine")
+        result = waiting.result(timeout=120)
+
+    operation = Operation.objects.get(pk=approval.operation_id)
+    assert operation.status == "confirmed" and result == operation.result
+    assert len(effects(stack, operation.operation_id)) == 1
+    task.finish(evidence={"refunded": operation.operation_id})
+    assert judged(task.task_id).status in {"succeeded", "failed", "running"}
+
+
+def test_a_rejection_raises_rejected_with_the_reviewers_reason(stack, client, reviewer):
+    task = client.start_task(key="thread-reject", **CONTRACT)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(task.call, "payments.refund", refund("ord-3", 80), step_id="refund-ord-3")
+        approval = pending_approval(task.call_id("payments.refund", "refund-ord-3"))
+        decide(stack, approval.approval_id, "reject", reason="not ours")
+        with pytest.raises(Rejected) as rejected:
+            waiting.result(timeout=120)
+
+    assert rejected.value.reason == "not ours"
+    assert rejected.value.by == "user:reviewer"
+    assert effects(stack, approval.operation_id) == []
+    task.close()
+
+
+def test_a_refusal_raises_refused_with_the_gates_reasons(stack, client):
+    task = client.start_task(key="thread-refuse", **CONTRACT, constraints={"max_amount": 20})
+    with pytest.raises(Refused) as refused:
+        task.call("payments.refund", refund("ord-4", 30), step_id="refund-ord-4")
+    assert refused.value.reasons
+    assert not Operation.objects.filter(task_id=task.task_id).exists()
+    task.close()
+
+
+def test_a_restart_with_the_same_key_continues_the_task_and_gets_the_same_operation(stack, client):
+    first = client.start_task(key="thread-restart", **CONTRACT)
+    before = first.call_answer("payments.refund", refund("ord-5", 30), step_id="refund-ord-5")
+    first.close()
+
+    with Client(stack.url, AGENT_TOKEN) as restarted:
+        again = restarted.start_task(key="thread-restart", **CONTRACT)
+        after = again.call_answer("payments.refund", refund("ord-5", 30), step_id="refund-ord-5")
+        again.close()
+
+    assert again.task_id == first.task_id
+    assert again.fencing_token > first.fencing_token  # the old process can no longer commit
+    assert after["operation_id"] == before["operation_id"] and after["status"] == "confirmed"
+    assert Operation.objects.filter(task_id=first.task_id).count() == 1
+    assert len(effects(stack, after["operation_id"])) == 1
+
+
+def test_tools_lists_what_the_agent_may_call_with_its_schema(client):
+    tools = {tool["name"]: tool for tool in client.tools()}
+    assert tools["payments.refund"]["input_schema"]["required"] == ["order_id", "amount", "currency", "reason"]
+
+
+def test_the_async_client_runs_a_call(stack, agent):
+    async def scenario() -> tuple[str, object]:
+        async with AsyncClient(stack.url, AGENT_TOKEN) as client:
+            task = await client.start_task(key="thread-async", **CONTRACT)
+            result = await task.call("payments.refund", refund("ord-6", 30), step_id="refund-ord-6")
+            await task.finish(evidence={"result": result})
+            return task.task_id, result
+
+    task_id, result = asyncio.run(scenario())
+    [operation] = Operation.objects.filter(task_id=task_id)
+    assert operation.status == "confirmed" and result == operation.result
+    assert judged(task_id).status in {"succeeded", "failed", "running"}
+
+
+def test_an_unreachable_server_raises_countersign_unavailable(db):
+    with Client(f"http://127.0.0.1:{free_port()}", AGENT_TOKEN, retries=2) as client:
+        with pytest.raises(CountersignUnavailable):
+            client.start_task(key="thread-offline", **CONTRACT)
+
+
+def test_link_span_sets_the_attributes_the_span_ingest_reads():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with TracerProvider().get_tracer("agent").start_as_current_span("tool") as span:
+        link_span(task_id="t-1", step_id="refund", call_id="c/1", operation_id="op-1")
+    assert span.attributes["countersign.task_id"] == "t-1"
+    assert span.attributes["countersign.step_id"] == "refund"
+    assert span.attributes["gen_ai.tool.call.id"] == "c/1"
+    assert span.attributes["countersign.call_id"] == "c/1"
+    assert span.attributes["countersign.operation_id"] == "op-1"
+
+
+def test_the_lease_is_renewed_in_the_background_while_the_task_is_open(client):
+    task = client.start_task(key="thread-lease", **CONTRACT, ttl_seconds=3)
+    granted = Lease.objects.get(task_id=task.task_id).expires_at
+
+    wait_until(lambda: Lease.objects.get(task_id=task.task_id).expires_at > granted, timeout=30,
+               what="a renewal of the lease")
+    lease = Lease.objects.get(task_id=task.task_id)
+    assert lease.owner == "thread-lease" and lease.fencing_token == task.fencing_token
+    task.close()
+    assert not task._renewer.is_alive()
+
+
+def test_a_process_replaced_by_its_restart_gets_lease_lost(stack, client):
+    replaced = client.start_task(key="thread-replaced", **CONTRACT, renew=False)
+    with Client(stack.url, AGENT_TOKEN) as restarted:
+        successor = restarted.start_task(key="thread-replaced", **CONTRACT, renew=False)
+
+        with pytest.raises(LeaseLost):
+            replaced.call("payments.refund", refund("ord-7", 30), step_id="refund-ord-7")
+        with pytest.raises(LeaseLost):
+            replaced.fail("gave up")
+        successor.fail("the test is over")
+
+    assert not Operation.objects.filter(task_id=replaced.task_id).exists()
+    assert Task.objects.get(pk=replaced.task_id).status == "failed"
