@@ -15,11 +15,16 @@ SQLite serializes writers; its trigger runs at insert.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.contrib.auth import get_user_model
 
 from console.models import Event, EventChainHead
 
@@ -111,3 +116,41 @@ def chains(tenant_ids: Iterable[int | None] | None = None) -> list[int | None]:
     found |= {None if h == "none" else int(h.split(":", 1)[1])
               for h in EventChainHead.objects.values_list("chain", flat=True)}
     return sorted(found, key=lambda t: (t is not None, t or 0))
+
+
+# Signed approval decisions: a receipt an auditor can check offline with the exported key.
+
+def decision_bytes(*, call_id: str, arguments_hash: str, state_version: int, approver: str, decision: str,
+                   at: datetime) -> bytes:
+    """What a decision's signature covers, as one JSON array (docs/security.md)."""
+    return _json([
+        "countersign-decision-v1", call_id, arguments_hash, int(state_version), approver, decision,
+        at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    ]).encode()
+
+
+def sign_decision(**fields: Any) -> str:
+    """HMAC-SHA256 (hex) of `decision_bytes` under settings.AUDIT_SIGNING_KEY."""
+    return hmac.new(settings.AUDIT_SIGNING_KEY.encode(), decision_bytes(**fields), hashlib.sha256).hexdigest()
+
+
+def decision_signature_holds(signature: str, **fields: Any) -> bool:
+    return bool(signature) and hmac.compare_digest(signature, sign_decision(**fields))
+
+
+def forged_decisions() -> list[str]:
+    """Every approval decision whose receipt does not hold for its row and its request, named.
+    (The approvals app's model by name: this floor imports no app.)"""
+    decision_model = apps.get_model("approvals", "ApprovalDecision")
+    user_field = get_user_model().USERNAME_FIELD
+    found = []
+    for decision in decision_model.objects.select_related("request", "reviewer").order_by("pk").iterator(
+            chunk_size=500):
+        request = decision.request
+        if not decision_signature_holds(
+                decision.signature, call_id=request.call_id, arguments_hash=decision.arguments_hash,
+                state_version=request.state_version, approver=f"user:{getattr(decision.reviewer, user_field)}",
+                decision=decision.verdict, at=decision.created_at) or decision.arguments_hash != request.arguments_hash:
+            found.append(f"approval {request.pk}: decision {decision.pk} ({decision.verdict}) does not match its "
+                         "signed receipt")
+    return found

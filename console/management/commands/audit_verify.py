@@ -3,8 +3,9 @@
 Every chain (one per tenant, one for events with no tenant), or the named tenant's: each row
 must hash to its `hash`, name the hash of the row before, follow it in `chain_seq` without a
 gap or a repeat, and the chain's head must agree with its last row. Prints the first broken link
-of each chain (a changed, removed, inserted or re-ordered row). Exit status 0 when every chain
-checked is whole, 1 otherwise.
+of each chain (a changed, removed, inserted or moved row). Then every approval decision's signed
+receipt (all tenants). Exit status 0 when every chain checked is whole and every receipt holds,
+1 otherwise.
 """
 
 from __future__ import annotations
@@ -38,4 +39,8 @@ class Command(BaseCommand):
                 broken += 1
                 self.stdout.write(f"BROKEN {result}")
         self.stdout.write(f"{len(chains)} chain(s) checked, {broken} broken.")
-        raise SystemExit(1 if broken else 0)
+        forged = audit.forged_decisions()
+        for line in forged:
+            self.stdout.write(f"FORGED {line}")
+        self.stdout.write(f"approval receipts: {len(forged)} do not hold.")
+        raise SystemExit(1 if broken or forged else 0)
