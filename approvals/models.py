@@ -277,6 +277,10 @@ class ApprovalDecision(models.Model):
     reason = models.TextField(blank=True)
     arguments_hash = models.CharField(max_length=64, help_text="What the reviewer saw.")
     created_at = models.DateTimeField(default=timezone.now)
+    signature = models.CharField(
+        max_length=64, blank=True,
+        help_text="HMAC-SHA256 receipt over call, arguments hash, task version, approver, verdict and time "
+                  "(console/lib/audit.py); the dispatcher refuses an approval whose receipts do not hold.")
 
     class Meta:
         constraints = [

@@ -19,6 +19,7 @@ from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from approvals.notifications import notifications_plan
 from approvals.stops import active_stop
 from console.access import reviewer_max_tier
+from console.lib import audit
 from console.lib.errors import Conflict, InvalidInput, NotFound, NotPermitted
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
@@ -150,10 +151,7 @@ def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str =
         refuse_if_frozen(request)
         try:
             with transaction.atomic():
-                ApprovalDecision.objects.create(
-                    request=request, reviewer=reviewer, verdict=ApprovalDecision.Verdict.APPROVE,
-                    reason=reason, arguments_hash=request.arguments_hash,
-                )
+                _decision_create(request, reviewer, ApprovalDecision.Verdict.APPROVE, reason)
         except IntegrityError as exc:
             raise Conflict("You have already approved this request; a second approver is needed.") from exc
         approvals = request.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).count()
@@ -170,6 +168,32 @@ def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str =
                    evidence={"arguments_hash": request.arguments_hash, "approvals": approvals},
                    changes={"decided_at": timezone.now()})
     return request
+
+
+def _decision_create(request: ApprovalRequest, reviewer: AbstractBaseUser, verdict: str,
+                     reason: str) -> ApprovalDecision:
+    """The decision row with its signed receipt (console/lib/audit.py): what the reviewer decided
+    on (call, arguments hash, task version), who, what and when."""
+    now = timezone.now()
+    signature = audit.sign_decision(call_id=request.call_id, arguments_hash=request.arguments_hash,
+                                    state_version=request.state_version, approver=user_ref(reviewer),
+                                    decision=verdict, at=now)
+    return ApprovalDecision.objects.create(request=request, reviewer=reviewer, verdict=verdict, reason=reason,
+                                           arguments_hash=request.arguments_hash, created_at=now,
+                                           signature=signature)
+
+
+def approval_forged_decision(request: ApprovalRequest, *, arguments_hash: str) -> str:
+    """Why a request's decisions cannot be trusted, or "": a decision whose receipt does not hold
+    for the request's call and version, `arguments_hash` (the operation's: what will run), its
+    reviewer, verdict and time — a row written or altered outside the application."""
+    for decision in request.decisions.select_related("reviewer"):
+        if not audit.decision_signature_holds(
+                decision.signature, call_id=request.call_id, arguments_hash=arguments_hash,
+                state_version=request.state_version, approver=user_ref(decision.reviewer),
+                decision=decision.verdict, at=decision.created_at):
+            return f"decision {decision.pk} ({decision.verdict}) does not match its signed receipt"
+    return ""
 
 
 def refuse_if_frozen(request: ApprovalRequest) -> None:
@@ -190,10 +214,7 @@ def approval_decline(*, approval_id: str, reviewer: AbstractBaseUser, reason: st
         request = approval_lock_pending(approval_id, reviewer)
         try:
             with transaction.atomic():
-                ApprovalDecision.objects.create(
-                    request=request, reviewer=reviewer, verdict=ApprovalDecision.Verdict.REJECT,
-                    reason=reason, arguments_hash=request.arguments_hash,
-                )
+                _decision_create(request, reviewer, ApprovalDecision.Verdict.REJECT, reason)
         except IntegrityError as exc:
             raise Conflict("You have already decided on this request.") from exc
         _trace_wait(request, outcome="rejected")

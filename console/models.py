@@ -99,6 +99,20 @@ class AgentPrincipal(models.Model):
         return token
 
 
+class EventChainHead(models.Model):
+    """The last link of one hash chain of the event log. The sealing trigger locks it in the
+    writer's transaction (at commit on PostgreSQL), so concurrent writers to one chain take turns
+    and each event names the one sealed before it. `chain` is "tenant:<id>" or "none"; written
+    only by the trigger."""
+
+    chain = models.CharField(max_length=40, primary_key=True)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.chain} #{self.seq}"
+
+
 class Event(models.Model):
     """Append-only: written in the same transaction as every change of every record.
 
@@ -140,6 +154,13 @@ class Event(models.Model):
     reason = models.TextField(blank=True)
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The hash chain (console/lib/audit.py): `content_hash` is written with the row; a database
+    # trigger fills the rest when it seals the row into its tenant's chain (or the chain of events
+    # with no tenant): `chain_seq` counts from 1, `prev_hash` is the previous row's `hash`.
+    content_hash = models.CharField(max_length=64, blank=True)
+    chain_seq = models.BigIntegerField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
         # The table keeps the name it was created with: the append-only trigger is bound to it.
@@ -147,6 +168,13 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["entity", "entity_id", "id"], name="event_entity_idx"),
             models.Index(fields=["tenant", "id"], name="event_tenant_idx"),
+        ]
+        constraints = [
+            # A sealing that skipped the chain head's lock fails here instead of forking the chain.
+            models.UniqueConstraint(fields=["tenant", "chain_seq"], condition=models.Q(tenant__isnull=False),
+                                    name="event_chain_seq_unique"),
+            models.UniqueConstraint(fields=["chain_seq"], condition=models.Q(tenant__isnull=True),
+                                    name="event_untenanted_chain_seq_unique"),
         ]
 
     def __str__(self) -> str:

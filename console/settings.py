@@ -7,6 +7,8 @@ refuses an insecure secret key and DEBUG.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -56,6 +58,12 @@ DEBUG = env.bool("DEBUG", False)
 ALLOWED_HOSTS = env.csv("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.csv("CSRF_TRUSTED_ORIGINS", [])
 
+# The HMAC-SHA256 key of approval receipts (console/lib/audit.py, docs/security.md). Embedded:
+# derived from SECRET_KEY when unset. Production: required, so rotating SECRET_KEY (sessions)
+# never silently voids every receipt an auditor holds.
+AUDIT_SIGNING_KEY = env.str("AUDIT_SIGNING_KEY", "") or (
+    hmac.new(SECRET_KEY.encode(), b"countersign-audit-signing-key", hashlib.sha256).hexdigest() if EMBEDDED else "")
+
 if not EMBEDDED:
     if SECRET_KEY == _INSECURE_KEY or len(SECRET_KEY) < 40 or SECRET_KEY.startswith("insecure"):
         raise ImproperlyConfigured(
@@ -63,6 +71,9 @@ if not EMBEDDED:
         )
     if DEBUG:
         raise ImproperlyConfigured("DEBUG must be false in production (COUNTERSIGN_ENV=production).")
+    if len(AUDIT_SIGNING_KEY) < 32:
+        raise ImproperlyConfigured("AUDIT_SIGNING_KEY must be set to a random value of at least 32 characters "
+                                   "in production.")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -166,6 +166,12 @@ def _revalidate(operation: Operation, approval: ApprovalRequest | None, *, now, 
     are closed (with events), or the operation waits for approval again, and a reason is
     returned."""
     task = operation.task
+    # Every decision's signed receipt, against what will run: a row forged or altered in the
+    # database never dispatches.
+    forged = approval and approval_services.approval_forged_decision(approval, arguments_hash=operation.arguments_hash)
+    if forged:
+        decisions.approval_invalidate(approval_id=approval.approval_id, actor=ACTOR, reason=f"forged approval: {forged}")
+        return "cancelled:approval_signature"
     if operation.status == OperationStatus.AUTHORIZED:
         # A compensation undoes an effect of a task that may long be finished: it still runs.
         if task.status in TASK_TERMINAL and operation.compensates_id is None:

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connections, models, router, transaction
 from django.utils import timezone
 
-from console.lib import django_private, sql
+from console.lib import audit, django_private, sql
 from console.lib.errors import Conflict, IllegalTransition
 from console.live import ring_doorbell_on_commit
 from console.models import Event
@@ -36,7 +36,7 @@ def event_row(
     Only `transition()` writes kind TRANSITION: a status change goes through it."""
     if (kind == Event.Kind.TRANSITION) != bool(from_status):
         raise ValueError("A transition names the status it leaves; no other kind of event does.")
-    return Event(
+    row = Event(
         tenant_id=tenant_id,
         entity=entity,
         entity_id=str(entity_id),
@@ -47,6 +47,9 @@ def event_row(
         reason=reason,
         evidence=evidence or {},
     )
+    # The database links it into its tenant's hash chain when it is written (console/lib/audit.py).
+    row.content_hash = audit.content_hash(row)
+    return row
 
 
 def record_events(rows: list[Event]) -> list[Event]:

@@ -16,7 +16,8 @@ from django.test import RequestFactory
 from django.views import defaults
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCTION = {"COUNTERSIGN_ENV": "production", "SECRET_KEY": "Zq3-vT8pL1xW9mN4bR7cY2kH6jD5sF0gA8eU3iO1oP7uE4rW2tQ", "ALLOWED_HOSTS": "console.example.com"}
+PRODUCTION = {"COUNTERSIGN_ENV": "production", "SECRET_KEY": "Zq3-vT8pL1xW9mN4bR7cY2kH6jD5sF0gA8eU3iO1oP7uE4rW2tQ",
+              "AUDIT_SIGNING_KEY": "9f2c61e0b4d84a7f8e3b5c1d2a6f7e80", "ALLOWED_HOSTS": "console.example.com"}
 
 
 def manage(tmp_path: Path, *args: str, **variables: str) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ from environs import Env, EnvValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_SECRET = "k" * 50
+GOOD_AUDIT_KEY = "4be1d0c79a3f52e86d1c0b7a9e2f4d35"
 
 
 def manage_check(tmp_path: Path, **variables: str) -> subprocess.CompletedProcess:
@@ -39,7 +40,7 @@ def test_the_defaults_start_in_embedded_mode(tmp_path):
 def test_a_complete_production_configuration_starts(tmp_path):
     result = manage_check(
         tmp_path, COUNTERSIGN_ENV="production", SECRET_KEY=GOOD_SECRET, DEBUG="false",
-        ALLOWED_HOSTS="countersign.example.com",
+        ALLOWED_HOSTS="countersign.example.com", AUDIT_SIGNING_KEY=GOOD_AUDIT_KEY,
     )
     assert result.returncode == 0, result.stderr
 
@@ -70,6 +71,9 @@ REFUSED = "ImproperlyConfigured"
         ({"COUNTERSIGN_ENV": "production", "SECRET_KEY": "too-short"}, REFUSED, "SECRET_KEY"),
         ({"COUNTERSIGN_ENV": "production", "SECRET_KEY": "insecure-" + "x" * 40}, REFUSED, "SECRET_KEY"),
         ({"COUNTERSIGN_ENV": "production", "SECRET_KEY": GOOD_SECRET, "DEBUG": "true"}, REFUSED, "DEBUG"),
+        ({"COUNTERSIGN_ENV": "production", "SECRET_KEY": GOOD_SECRET}, REFUSED, "AUDIT_SIGNING_KEY"),
+        ({"COUNTERSIGN_ENV": "production", "SECRET_KEY": GOOD_SECRET, "AUDIT_SIGNING_KEY": "short"}, REFUSED,
+         "AUDIT_SIGNING_KEY"),
     ],
     ids=lambda value: value if isinstance(value, str) else "-".join(f"{k}={v[:12]}" for k, v in value.items()),
 )

@@ -98,7 +98,7 @@ def test_the_admin_password_meets_the_password_validators(monkeypatch, settings)
 
 
 def test_it_runs_in_production_where_the_demo_seed_refuses(tmp_path):
-    env = {**os.environ, "COUNTERSIGN_ENV": "production", "SECRET_KEY": "k" * 20 + "production-like-secret-key-0123",
+    env = {**os.environ, "COUNTERSIGN_ENV": "production", "SECRET_KEY": "k" * 20 + "production-like-secret-key-0123", "AUDIT_SIGNING_KEY": "a" * 64,
            "DEBUG": "false", "COUNTERSIGN_VAR_DIR": str(tmp_path),
            "DATABASE_URL": f"sqlite:///{tmp_path / 'prod.sqlite3'}", "CELERY_BROKER_URL": "memory://",
            "COUNTERSIGN_ADMIN_PASSWORD": STRONG}

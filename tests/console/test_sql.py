@@ -89,7 +89,7 @@ def test_update_then_write_writes_the_rows_that_go_with_a_matched_update_and_ret
     operation = make_operation(agent)
     earlier = Attempt.objects.create(operation=operation, number=1, fencing_token=1)
     event = {"tenant_id": operation.tenant_id, "entity": "operation", "entity_id": operation.pk, "kind": "transition", "from_status": "x",
-             "to_status": "y", "actor": "t", "reason": "", "evidence": {"k": [1]}, "created_at": timezone.now()}
+             "to_status": "y", "actor": "t", "reason": "", "evidence": {"k": [1]}, "created_at": timezone.now(), "content_hash": "", "prev_hash": "", "hash": ""}
     with CaptureQueriesContext(connection) as queries:
         written = sql.update_then_write(
             Operation, where={"pk": operation.pk, "status": operation.status}, values={"last_error": "moved"},
@@ -152,7 +152,7 @@ def test_a_unique_violation_without_ignore_conflicts_is_djangos_integrity_error(
 
 def test_several_rows_in_one_statement_keep_their_order(tenant):
     rows = [{"tenant_id": tenant.pk, "entity": "x", "entity_id": str(n), "kind": "created", "from_status": "", "to_status": "t",
-             "actor": "a", "reason": "", "evidence": {"n": n}, "created_at": timezone.now()} for n in range(3)]
+             "actor": "a", "reason": "", "evidence": {"n": n}, "created_at": timezone.now(), "content_hash": "", "prev_hash": "", "hash": ""} for n in range(3)]
     with CaptureQueriesContext(connection) as queries:
         ids = [pk for (pk,) in sql.insert(Event, rows, returning=("id",))]
     assert len(queries) == 1  # statements are still seen by Django's query log and wrappers

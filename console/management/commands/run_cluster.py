@@ -66,6 +66,7 @@ def cluster_environment(port: int, var: Path) -> dict[str, str]:
         "COUNTERSIGN_ENV": "production",
         "DEBUG": "false",
         "SECRET_KEY": _secret(var / "secret_key", lambda: secrets.token_urlsafe(50)),
+        "AUDIT_SIGNING_KEY": _secret(var / "audit_signing_key", lambda: secrets.token_hex(32)),
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "CSRF_TRUSTED_ORIGINS": ",".join(origins),
         "SESSION_COOKIE_SECURE": "false",

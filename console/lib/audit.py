@@ -1,0 +1,156 @@
+"""The event log's hash chains: the bytes each row's hashes cover and the check of the chains
+(`manage.py audit_verify`); docs/security.md documents them for an auditor.
+
+One chain per tenant and one for events with no tenant. The writer computes `content_hash`
+(`event_row`, in Python: every field it writes); the database seals the row: a trigger gives it
+`chain_seq` (1, 2, … in its chain), `prev_hash` (the `hash` of the row sealed before it, "" for
+the first) and `hash` (SHA-256 of `link_bytes`), from the chain's head row (`EventChainHead`),
+which it locks and moves. On PostgreSQL the trigger is a deferred constraint trigger: it runs at
+commit, so a writer holds the head's lock only while it commits, after every other lock it will
+take — a head locked at the first event write and held to commit deadlocks against writers that
+lock the same rows in the other order. Rows are therefore chained in commit order, not id order.
+SQLite serializes writers; its trigger runs at insert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.contrib.auth import get_user_model
+
+from console.models import Event, EventChainHead
+
+
+def chain_of(tenant_id: int | None) -> str:
+    return "none" if tenant_id is None else f"tenant:{tenant_id}"
+
+
+def _json(value: Any) -> str:
+    # Sorted keys, no spaces, UTF-8: the same text for a value read back from jsonb (which
+    # reorders keys) as for the value written.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def content_bytes(row: Event) -> bytes:
+    """What `content_hash` covers: every field the application writes, as one JSON array."""
+    created_at = row.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _json([
+        "countersign-event-v1", row.tenant_id, row.entity, str(row.entity_id), row.kind, row.from_status,
+        row.to_status, row.actor, row.reason, row.evidence, created_at,
+    ]).encode()
+
+
+def content_hash(row: Event) -> str:
+    return hashlib.sha256(content_bytes(row)).hexdigest()
+
+
+def link_bytes(*, chain: str, seq: int, event_id: int, prev_hash: str, content: str) -> bytes:
+    """What `hash` covers: the row's place (chain, sequence number, id), the hash of the row
+    before it and its own content hash. The database triggers build the same text."""
+    return f"countersign-link-v1|{chain}|{seq}|{event_id}|{prev_hash}|{content}".encode()
+
+
+def link_hash(row: Event) -> str:
+    return hashlib.sha256(link_bytes(chain=chain_of(row.tenant_id), seq=row.chain_seq, event_id=row.id,
+                                     prev_hash=row.prev_hash, content=row.content_hash)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Break:
+    chain: str
+    event_id: int | None
+    what: str  # "changed", "removed", "inserted", "moved" (re-ordered or renumbered)
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"event #{self.event_id}" if self.event_id is not None else "chain end"
+        return f"{self.chain}: {self.what} at {where}: {self.detail}"
+
+
+def verify_chain(tenant_id: int | None) -> Break | None:
+    """The first broken link of one chain, or None when every row hashes to what it says, each
+    names the hash of the one before, the sequence has no gap or repeat and the head agrees."""
+    chain = chain_of(tenant_id)
+    events = Event.objects.filter(tenant_id=tenant_id) if tenant_id is not None else Event.objects.filter(
+        tenant__isnull=True)
+    unchained = events.filter(chain_seq__isnull=True).order_by("id").first()
+    if unchained is not None:
+        return Break(chain, unchained.id, "inserted", "a row the sealing trigger never saw")
+    expected_seq, prev = 1, ""
+    for row in events.order_by("chain_seq", "id").iterator(chunk_size=2000):
+        if row.chain_seq < expected_seq:
+            return Break(chain, row.id, "inserted", f"a second row numbered {row.chain_seq}")
+        if row.chain_seq > expected_seq:
+            return Break(chain, row.id, "removed",
+                         f"rows {expected_seq}..{row.chain_seq - 1} are missing before this one")
+        if row.content_hash != content_hash(row):
+            return Break(chain, row.id, "changed", "its fields do not hash to its content hash")
+        if row.hash != link_hash(row):
+            # The content is whole but not where it was sealed: another id or place.
+            return Break(chain, row.id, "moved", "its id or place in the chain is not the one it was sealed at")
+        if row.prev_hash != prev:
+            return Break(chain, row.id, "inserted",
+                         f"it names {row.prev_hash[:12] or '(none)'} as the row before, which hashes to "
+                         f"{prev[:12] or '(none)'}")
+        prev = row.hash
+        expected_seq += 1
+    head = EventChainHead.objects.filter(chain=chain).first()
+    last_seq = expected_seq - 1
+    if head is not None and (head.seq, head.hash) != (last_seq, prev):
+        return Break(chain, None, "removed", f"the head says {head.seq} rows, the table holds {last_seq}")
+    return None
+
+
+def chains(tenant_ids: Iterable[int | None] | None = None) -> list[int | None]:
+    if tenant_ids is not None:
+        return list(tenant_ids)
+    found = set(Event.objects.values_list("tenant_id", flat=True).distinct())
+    found |= {None if h == "none" else int(h.split(":", 1)[1])
+              for h in EventChainHead.objects.values_list("chain", flat=True)}
+    return sorted(found, key=lambda t: (t is not None, t or 0))
+
+
+# Signed approval decisions: a receipt an auditor can check offline with the exported key.
+
+def decision_bytes(*, call_id: str, arguments_hash: str, state_version: int, approver: str, decision: str,
+                   at: datetime) -> bytes:
+    """What a decision's signature covers, as one JSON array (docs/security.md)."""
+    return _json([
+        "countersign-decision-v1", call_id, arguments_hash, int(state_version), approver, decision,
+        at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    ]).encode()
+
+
+def sign_decision(**fields: Any) -> str:
+    """HMAC-SHA256 (hex) of `decision_bytes` under settings.AUDIT_SIGNING_KEY."""
+    return hmac.new(settings.AUDIT_SIGNING_KEY.encode(), decision_bytes(**fields), hashlib.sha256).hexdigest()
+
+
+def decision_signature_holds(signature: str, **fields: Any) -> bool:
+    return bool(signature) and hmac.compare_digest(signature, sign_decision(**fields))
+
+
+def forged_decisions() -> list[str]:
+    """Every approval decision whose receipt does not hold for its row and its request, named.
+    (The approvals app's model by name: this floor imports no app.)"""
+    decision_model = apps.get_model("approvals", "ApprovalDecision")
+    user_field = get_user_model().USERNAME_FIELD
+    found = []
+    for decision in decision_model.objects.select_related("request", "reviewer").order_by("pk").iterator(
+            chunk_size=500):
+        request = decision.request
+        if not decision_signature_holds(
+                decision.signature, call_id=request.call_id, arguments_hash=decision.arguments_hash,
+                state_version=request.state_version, approver=f"user:{getattr(decision.reviewer, user_field)}",
+                decision=decision.verdict, at=decision.created_at) or decision.arguments_hash != request.arguments_hash:
+            found.append(f"approval {request.pk}: decision {decision.pk} ({decision.verdict}) does not match its "
+                         "signed receipt")
+    return found
