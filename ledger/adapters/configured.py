@@ -38,6 +38,23 @@ def pick(body: Any, path: str) -> Any:
     return value
 
 
+def picked_receipt(body: Any, fields: dict[str, str], receipt: dict[str, Any]) -> dict[str, Any]:
+    """`receipt` plus, per `receipt_fields`, each name's value found in the answer."""
+    for name, path in (fields or {}).items():
+        value = pick(body, path)
+        if value is not _MISSING:
+            receipt[name] = value
+    return receipt
+
+
+def picked_result(body: Any, paths: list[str]) -> dict[str, Any]:
+    """The answer kept as the call's result: the `result_fields` found, or the whole answer."""
+    if not paths:
+        return body if isinstance(body, dict) else {"body": body}
+    found = {path: pick(body, path) for path in paths}
+    return {path: value for path, value in found.items() if value is not _MISSING}
+
+
 def credential(name: str) -> str | None:
     value = os.environ.get(name)
     if value is None:
@@ -100,20 +117,13 @@ class HttpToolAdapter:
             return send(lambda: client.send(request), on_success=on_success)
 
     def _receipt(self, body: Any, *, code: int | str, via: str | None = None) -> dict[str, Any]:
-        receipt: dict[str, Any] = {"provider": self.tool.name, "http_status": code}
-        for name, path in (self.tool.receipt_fields or {}).items():
-            value = pick(body, path)
-            if value is not _MISSING:
-                receipt[name] = value
+        receipt = picked_receipt(body, self.tool.receipt_fields, {"provider": self.tool.name, "http_status": code})
         if via:
             receipt["via"] = via
         return receipt
 
     def _result(self, body: Any) -> dict[str, Any]:
-        if not self.tool.result_fields:
-            return body if isinstance(body, dict) else {"body": body}
-        picked = {path: pick(body, path) for path in self.tool.result_fields}
-        return {path: value for path, value in picked.items() if value is not _MISSING}
+        return picked_result(body, self.tool.result_fields)
 
     # -- the status query ----------------------------------------------------------------------
 
