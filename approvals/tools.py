@@ -13,11 +13,13 @@ bumps `schema_version`, so approvals given under the old one are re-checked by t
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -143,6 +145,15 @@ def _check_mcp(tool: Tool, add) -> None:
         add("mcp_server", "An MCP tool has no URL template, method, key header or status query.")
     _check_credential(tool, add)
     _check_picks(tool, add)
+
+
+def credential(name: str) -> str | None:
+    """The value of a credential reference: the environment variable, else the setting, of
+    that name (read at call time, never stored)."""
+    value = os.environ.get(name)
+    if value is None:
+        value = getattr(settings, name, None)
+    return value if isinstance(value, str) and value else None
 
 
 def _schema_type(spec: Any) -> str | None:

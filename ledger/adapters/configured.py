@@ -10,14 +10,12 @@ never written into evidence.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import httpx
-from django.conf import settings
 
 from approvals.models import Tool
-from approvals.tools import BODY_METHODS, STATUS_STATES
+from approvals.tools import BODY_METHODS, STATUS_STATES, credential
 from console.lib import urltemplate
 from ledger.adapters.base import ERROR, FOUND, Outcome, QueryAnswer, known_success, not_sent
 from ledger.adapters.http import send
@@ -53,13 +51,6 @@ def picked_result(body: Any, paths: list[str]) -> dict[str, Any]:
         return body if isinstance(body, dict) else {"body": body}
     found = {path: pick(body, path) for path in paths}
     return {path: value for path, value in found.items() if value is not _MISSING}
-
-
-def credential(name: str) -> str | None:
-    value = os.environ.get(name)
-    if value is None:
-        value = getattr(settings, name, None)
-    return value if isinstance(value, str) and value else None
 
 
 class HttpToolAdapter:

@@ -21,15 +21,10 @@ environment variable of that name for a command.
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 import anyio
-import httpx2
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CONNECTION_CLOSED,
@@ -39,7 +34,9 @@ from mcp_types import (
     REQUEST_TIMEOUT,
 )
 
+from approvals.mcp_import import mcp_client
 from approvals.models import Tool
+from approvals.tools import credential
 from ledger.adapters.base import (
     ABSENT,
     ERROR,
@@ -50,7 +47,7 @@ from ledger.adapters.base import (
     not_sent,
     unknown,
 )
-from ledger.adapters.configured import credential, picked_receipt, picked_result
+from ledger.adapters.configured import picked_receipt, picked_result
 
 KEY_META = "countersign/idempotency_key"
 # JSON-RPC errors that say the request was refused as such, before any tool code ran.
@@ -64,32 +61,16 @@ class _NotConnected(Exception):
     """The session could not be opened: no `tools/call` was sent."""
 
 
-def is_url(server: str) -> bool:
-    return server.startswith(("http://", "https://"))
-
-
 def connect(tool: Tool, *, timeout: float) -> Client:
     """A client for the tool's server, its credential attached; raises LookupError naming a
     missing credential."""
-    server = tool.mcp_server.strip()
     secret = None
     if tool.credential_ref:
         secret = credential(tool.credential_ref)
         if secret is None:
             raise LookupError(f"the credential {tool.credential_ref} is not set in the worker's environment")
-    if is_url(server):
-        headers = {}
-        if secret is not None:
-            if any(ch in secret for ch in "\r\n\0"):
-                raise ValueError(f"the credential {tool.credential_ref} is not a valid header value")
-            headers[tool.credential_header] = f"{tool.credential_scheme} {secret}".strip()
-        http = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout))
-        return Client(streamable_http_client(server, http_client=http), read_timeout_seconds=timeout,
-                      mode="legacy", cache=None)
-    command, *args = shlex.split(server)
-    env = {tool.credential_ref: secret} if secret is not None else None
-    return Client(stdio_client(StdioServerParameters(command=command, args=args, env=env)),
-                  read_timeout_seconds=timeout, mode="legacy", cache=None)
+    return mcp_client(tool.mcp_server, timeout=timeout, credential_ref=tool.credential_ref, secret=secret,
+                      credential_header=tool.credential_header, credential_scheme=tool.credential_scheme)
 
 
 def _leaf(exc: BaseException) -> BaseException:
