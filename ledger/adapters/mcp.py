@@ -52,8 +52,8 @@ from ledger.adapters.configured import picked_receipt, picked_result
 KEY_META = "countersign/idempotency_key"
 # JSON-RPC errors that say the request was refused as such, before any tool code ran.
 REJECTED = frozenset({INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
-# Closing a session (DELETE, or stopping a subprocess) is bounded too; past it the call's fact
-# stands as classified.
+# Beyond the call's own timeout: the handshake and closing the session (DELETE, or stopping a
+# subprocess). Less than the default DISPATCH_GRACE_SECONDS.
 CLOSE_GRACE_SECONDS = 5.0
 
 
@@ -111,12 +111,14 @@ class McpToolAdapter:
         state: dict[str, Any] = {"sent": False, "result": None}
         try:
             anyio.run(self._call, client, arguments, key, timeout, state)
-            result = state["result"]
         except BaseException as caught:  # noqa: BLE001 - every failure is classified below
             exc = _leaf(caught)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
-            return self._failure(exc, sent=state["sent"])
+            if state["result"] is None:
+                return self._failure(exc, sent=state["sent"])
+            # The answer arrived; only closing the session failed. The answer stands.
+        result = state["result"]
         body = structured(result)
         if result.is_error:
             return known_failure("tool_error", code="isError", raw={"mcp_tool": self.tool.mcp_tool, "result": body})
@@ -126,20 +128,20 @@ class McpToolAdapter:
 
     async def _call(self, client: Client, arguments: dict[str, Any], key: str, timeout: float,
                     state: dict[str, Any]) -> None:
-        # The whole exchange, closing included, is bounded: a server that neither answers nor
-        # lets go cannot hold the worker.
-        with anyio.fail_after(2 * timeout + CLOSE_GRACE_SECONDS):
+        # The whole exchange (handshake, call, closing) ends within timeout + CLOSE_GRACE_SECONDS,
+        # inside the dispatch deadline (claim + timeout + DISPATCH_GRACE_SECONDS): a server that
+        # neither answers nor lets go cannot hold the worker past the point where the sweeper
+        # declares the dispatch lost. Past it, a call that was sent is unknown, like a timeout.
+        with anyio.fail_after(timeout + CLOSE_GRACE_SECONDS):
             try:
                 async with client:
                     state["sent"] = True
                     state["result"] = await client.call_tool(
                         self.tool.mcp_tool, arguments, read_timeout_seconds=timeout, meta={KEY_META: key})
-            except BaseException as exc:
+            except Exception as exc:
                 if not state["sent"]:
                     raise _NotConnected(f"{type(_leaf(exc)).__name__}: {_leaf(exc)}") from exc
-                if state.get("result") is None:
-                    raise
-                # The answer arrived; only closing the session failed. The answer stands.
+                raise
 
     def _failure(self, exc: BaseException, *, sent: bool) -> Outcome:
         raw = {"mcp_tool": self.tool.mcp_tool, "error": f"{type(exc).__name__}: {exc}"}

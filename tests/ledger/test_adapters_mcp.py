@@ -4,6 +4,7 @@ exchange classified into the four facts, effects counted at the server."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 
 import pytest
@@ -83,6 +84,15 @@ def test_a_session_dropped_during_the_call_is_unknown():
 def test_no_server_listening_is_not_sent():
     outcome = call(f"http://127.0.0.1:{free_port()}/mcp", "lookup", {"order_id": "A"})
     assert outcome.fact == Fact.NOT_SENT and outcome.error_class == "connect"
+
+
+def test_a_server_that_never_answers_the_handshake_is_not_sent():
+    # Listening, never accepting: the TCP connection opens, the initialize request gets no answer.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        outcome = call(f"http://127.0.0.1:{silent.getsockname()[1]}/mcp", "create_note", {"text": "x"}, timeout=1.0)
+    assert outcome.fact == Fact.NOT_SENT and outcome.error_class == "connect", outcome
 
 
 def test_a_stdio_command_runs_the_tool_and_gets_the_credential_by_name(server, monkeypatch):
