@@ -19,7 +19,7 @@ from tests.fixtures.mcp_upstream import McpToolsServer
 pytestmark = [pytest.mark.usefixtures("fast_password_hasher"), pytest.mark.timeout(120)]
 
 NAMES = {"notes.lookup", "notes.create_note", "notes.set_label", "notes.purge", "notes.refuse",
-         "notes.slow_write", "notes.credential_seen"}
+         "notes.slow_write", "notes.slow_label", "notes.credential_seen"}
 
 
 @pytest.fixture(scope="module")
