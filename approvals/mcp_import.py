@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -25,7 +26,6 @@ from jsonschema.exceptions import SchemaError
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from approvals.models import Tool
 from approvals.openapi import Imported
@@ -57,13 +57,21 @@ def mcp_client(server: str, *, timeout: float, credential_ref: str = "", secret:
             if any(ch in secret for ch in "\r\n\0"):
                 raise ValueError(f"the credential {credential_ref} is not a valid header value")
             headers[credential_header] = f"{credential_scheme} {secret}".strip()
-        http = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout))
-        transport = streamable_http_client(server, http_client=http)
+        transport = _http_transport(server, headers=headers, timeout=timeout)
     else:
         command, *args = shlex.split(server)
         env = {credential_ref: secret} if secret is not None else None
         transport = stdio_client(StdioServerParameters(command=command, args=args, env=env))
     return Client(transport, read_timeout_seconds=timeout, mode="legacy", cache=None)
+
+
+@asynccontextmanager
+async def _http_transport(server: str, *, headers: dict[str, str], timeout: float):
+    # The SDK's documented way to set headers is an HTTP client of our own, which it then does
+    # not close: closed here, with the session.
+    async with (httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout)) as http,
+                streamable_http_client(server, http_client=http) as streams):
+        yield streams
 
 
 def list_server_tools(client: Client, *, timeout: float) -> list[Any]:
