@@ -20,7 +20,7 @@ from approvals.stops import stop_create
 from approvals.tools import tool_config_errors, tool_save
 from console.lib.admin import ReadOnlyAdmin
 from console.lib.errors import DomainError
-from ledger.adapters import ADAPTERS, HTTP_ADAPTER
+from ledger.adapters import ADAPTERS, HTTP_ADAPTER, MCP_ADAPTER
 from ledger.control import stop_resume
 
 
@@ -41,7 +41,7 @@ class ToolAdminForm(forms.ModelForm):
         cleaned = super().clean()
         candidate = Tool(**{field.name: cleaned.get(field.name, getattr(self.instance, field.name))
                             for field in Tool._meta.concrete_fields if field.name != "id"})
-        known = {*ADAPTERS, HTTP_ADAPTER}
+        known = {*ADAPTERS, HTTP_ADAPTER, MCP_ADAPTER}
         if candidate.adapter and candidate.adapter not in known:
             self.add_error("adapter", f"No adapter {candidate.adapter!r}; known: {', '.join(sorted(known))}.")
         for field, problems in tool_config_errors(candidate).items():

@@ -103,6 +103,13 @@ class Tool(models.Model):
     result_fields = models.JSONField(
         default=list, blank=True, help_text='Dotted paths kept as the result, e.g. ["id", "status"]. Empty: the whole answer.')
 
+    # -- a tool of an MCP server (adapter "mcp"; ledger.adapters.mcp) --
+    mcp_server = models.CharField(
+        max_length=2000, blank=True,
+        help_text="The MCP server: a streamable HTTP URL (https://tools.example.com/mcp) or a stdio command "
+                  "line (uvx some-mcp-server --flag). Credentials go by reference (credential_ref), never here.")
+    mcp_tool = models.CharField(max_length=200, blank=True, help_text="The tool's name at the MCP server.")
+
     def __str__(self) -> str:
         return self.name
 

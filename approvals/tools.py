@@ -13,10 +13,13 @@ bumps `schema_version`, so approvals given under the old one are re-checked by t
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -27,9 +30,11 @@ from console.lib.errors import InvalidInput
 from console.models import AgentPrincipal, Tenant
 
 HTTP_ADAPTER = "http"
+MCP_ADAPTER = "mcp"
 
 # What makes the call the call: a change to any of these is a new schema version.
-REQUEST_SHAPE_FIELDS = ("adapter", "json_schema", "http_method", "http_url", "http_headers", "key_header")
+REQUEST_SHAPE_FIELDS = ("adapter", "json_schema", "http_method", "http_url", "http_headers", "key_header",
+                        "mcp_server", "mcp_tool")
 
 # Methods whose request carries the arguments the URL does not name as a JSON body; the others
 # put them in the query.
@@ -62,6 +67,10 @@ def tool_config_errors(tool: Tool) -> dict[str, list[str]]:
             add("json_schema", f"Not a valid JSON Schema: {exc.message}")
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
 
+    if tool.adapter != MCP_ADAPTER and (tool.mcp_server or tool.mcp_tool):
+        add("mcp_server", f"Only a tool whose adapter is {MCP_ADAPTER!r} names an MCP server.")
+    if tool.adapter == MCP_ADAPTER:
+        _check_mcp(tool, add)
     if tool.adapter != HTTP_ADAPTER:
         if tool.http_url or tool.http_method:
             add("http_url", f"Only a tool whose adapter is {HTTP_ADAPTER!r} is sent by a URL template.")
@@ -89,6 +98,13 @@ def tool_config_errors(tool: Tool) -> dict[str, list[str]]:
         add("key_header", "Not a header name.")
     if tool.idempotency == Tool.Idempotency.NATIVE and not tool.key_header:
         add("key_header", "Native idempotency needs the header that carries the key.")
+    _check_credential(tool, add)
+    _check_status_query(tool.status_query, add)
+    _check_picks(tool, add)
+    return errors
+
+
+def _check_credential(tool: Tool, add) -> None:
     if tool.credential_ref:
         if not REFERENCE_NAME.fullmatch(tool.credential_ref):
             add("credential_ref", "Name an environment variable or setting (A-Z, 0-9, _), never the secret itself.")
@@ -96,7 +112,9 @@ def tool_config_errors(tool: Tool) -> dict[str, list[str]]:
             add("credential_header", "Not a header name.")
         if any(ch in (tool.credential_scheme or "") for ch in "\r\n"):
             add("credential_scheme", "No line breaks.")
-    _check_status_query(tool.status_query, add)
+
+
+def _check_picks(tool: Tool, add) -> None:
     receipt = tool.receipt_fields
     if not isinstance(receipt, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and PATH.fullmatch(v) for k, v in receipt.items()):
@@ -104,7 +122,38 @@ def tool_config_errors(tool: Tool) -> dict[str, list[str]]:
     result = tool.result_fields
     if not isinstance(result, list) or not all(isinstance(p, str) and PATH.fullmatch(p) for p in result):
         add("result_fields", 'Write ["dotted.path", …].')
-    return errors
+
+
+def _check_mcp(tool: Tool, add) -> None:
+    """An MCP tool: a server (URL or command line) and a tool name; the credential goes as a
+    header to a URL, or as an environment variable of that name to a command."""
+    server = (tool.mcp_server or "").strip()
+    if not server:
+        add("mcp_server", "An MCP tool needs its server: a streamable HTTP URL or a stdio command line.")
+    elif server.startswith(("http://", "https://")):
+        if any(ch.isspace() for ch in server):
+            add("mcp_server", "A URL without spaces.")
+    else:
+        try:
+            if not shlex.split(server):
+                add("mcp_server", "An empty command line.")
+        except ValueError as exc:
+            add("mcp_server", f"Not a command line: {exc}.")
+    if not tool.mcp_tool or any(ch.isspace() for ch in tool.mcp_tool):
+        add("mcp_tool", "The tool's name at the MCP server (no spaces).")
+    if tool.http_url or tool.http_method or tool.key_header or tool.status_query:
+        add("mcp_server", "An MCP tool has no URL template, method, key header or status query.")
+    _check_credential(tool, add)
+    _check_picks(tool, add)
+
+
+def credential(name: str) -> str | None:
+    """The value of a credential reference: the environment variable, else the setting, of
+    that name (read at call time, never stored)."""
+    value = os.environ.get(name)
+    if value is None:
+        value = getattr(settings, name, None)
+    return value if isinstance(value, str) and value else None
 
 
 def _schema_type(spec: Any) -> str | None:

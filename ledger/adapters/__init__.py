@@ -1,13 +1,14 @@
 """Tool adapters. A Tool row names its adapter: a built-in one, whose code talks to its provider
-here, or `http`, a tool described by data whose adapter is built from the row itself."""
+here, or `http` / `mcp`, a tool described by data whose adapter is built from the row itself."""
 
 from __future__ import annotations
 
 from approvals.models import Tool
-from approvals.tools import HTTP_ADAPTER
+from approvals.tools import HTTP_ADAPTER, MCP_ADAPTER
 from ledger.adapters.base import Adapter
 from ledger.adapters.configured import HttpToolAdapter
 from ledger.adapters.mail import MailAdapter
+from ledger.adapters.mcp import McpToolAdapter
 from ledger.adapters.noop import NoopAdapter
 from ledger.adapters.payments import OrderLookupAdapter, RefundAdapter
 
@@ -22,11 +23,13 @@ def get_adapter(name: str) -> Adapter:
         return ADAPTERS[name]
     except KeyError:
         raise LookupError(f"No adapter named {name!r}; known: {', '.join(sorted(ADAPTERS))}"
-                          f" (and {HTTP_ADAPTER!r}, configured per tool)") from None
+                          f" (and {HTTP_ADAPTER!r} and {MCP_ADAPTER!r}, configured per tool)") from None
 
 
 def adapter_for(tool: Tool) -> Adapter:
-    """The adapter that executes this tool: built from its configuration for `http`."""
+    """The adapter that executes this tool: built from its configuration for `http` and `mcp`."""
     if tool.adapter == HTTP_ADAPTER:
         return HttpToolAdapter(tool)
+    if tool.adapter == MCP_ADAPTER:
+        return McpToolAdapter(tool)
     return get_adapter(tool.adapter)

@@ -10,14 +10,12 @@ never written into evidence.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import httpx
-from django.conf import settings
 
 from approvals.models import Tool
-from approvals.tools import BODY_METHODS, STATUS_STATES
+from approvals.tools import BODY_METHODS, STATUS_STATES, credential
 from console.lib import urltemplate
 from ledger.adapters.base import ERROR, FOUND, Outcome, QueryAnswer, known_success, not_sent
 from ledger.adapters.http import client, send
@@ -38,11 +36,21 @@ def pick(body: Any, path: str) -> Any:
     return value
 
 
-def credential(name: str) -> str | None:
-    value = os.environ.get(name)
-    if value is None:
-        value = getattr(settings, name, None)
-    return value if isinstance(value, str) and value else None
+def picked_receipt(body: Any, fields: dict[str, str], receipt: dict[str, Any]) -> dict[str, Any]:
+    """`receipt` plus, per `receipt_fields`, each name's value found in the answer."""
+    for name, path in (fields or {}).items():
+        value = pick(body, path)
+        if value is not _MISSING:
+            receipt[name] = value
+    return receipt
+
+
+def picked_result(body: Any, paths: list[str]) -> dict[str, Any]:
+    """The answer kept as the call's result: the `result_fields` found, or the whole answer."""
+    if not paths:
+        return body if isinstance(body, dict) else {"body": body}
+    found = {path: pick(body, path) for path in paths}
+    return {path: value for path, value in found.items() if value is not _MISSING}
 
 
 class HttpToolAdapter:
@@ -100,20 +108,13 @@ class HttpToolAdapter:
         return send(lambda: client().send(request), on_success=on_success)
 
     def _receipt(self, body: Any, *, code: int | str, via: str | None = None) -> dict[str, Any]:
-        receipt: dict[str, Any] = {"provider": self.tool.name, "http_status": code}
-        for name, path in (self.tool.receipt_fields or {}).items():
-            value = pick(body, path)
-            if value is not _MISSING:
-                receipt[name] = value
+        receipt = picked_receipt(body, self.tool.receipt_fields, {"provider": self.tool.name, "http_status": code})
         if via:
             receipt["via"] = via
         return receipt
 
     def _result(self, body: Any) -> dict[str, Any]:
-        if not self.tool.result_fields:
-            return body if isinstance(body, dict) else {"body": body}
-        picked = {path: pick(body, path) for path in self.tool.result_fields}
-        return {path: value for path, value in picked.items() if value is not _MISSING}
+        return picked_result(body, self.tool.result_fields)
 
     # -- the status query ----------------------------------------------------------------------
 
