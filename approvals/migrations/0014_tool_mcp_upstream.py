@@ -15,7 +15,7 @@ generation = importlib.import_module("approvals.migrations.0007_policy_generatio
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('approvals', '0012_emergency_stop'),
+        ('approvals', '0013_approval_decision_signature'),
     ]
 
     operations = [
