@@ -129,3 +129,22 @@ def http_ok(url: str) -> Callable[[], bool]:
             return False
 
     return check
+
+
+def supervise_until(stopping: Callable[[], bool], children: list[Child], *, log_dir: Path,
+                    stalled: Callable[[Child], bool], say: Callable[[str], None]) -> None:
+    """The run commands' loop: twice a second, `supervise` the children until `stopping()`."""
+    while not stopping():
+        supervise(children, log_dir=log_dir, stalled=stalled,
+                  on_restart=lambda child, why: say(f"{child.name} {why}; restarting it. See {child.log_path}."))
+        time.sleep(0.5)
+
+
+def stop_all(children: list[Child], others: list, say: Callable[[str], None]) -> None:
+    """Children in reverse order of start (the server before the workers it feeds), then the rest."""
+    say("Stopping…")
+    for child in reversed(children):
+        child.stop()
+    for other in others:
+        other.stop()
+    say("Stopped.")

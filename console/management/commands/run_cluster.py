@@ -26,7 +26,15 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from psycopg import sql
 
-from console.lib.procs import Child, first_taken_port, http_ok, python, supervise, wait_until
+from console.lib.procs import (
+    Child,
+    first_taken_port,
+    http_ok,
+    python,
+    stop_all,
+    supervise_until,
+    wait_until,
+)
 from sandbox.process import SandboxProcess
 
 DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/countersign_cluster"
@@ -175,18 +183,10 @@ class Command(BaseCommand):
             for p in (*servers, port):
                 wait_until(http_ok(f"http://127.0.0.1:{p}/healthz"), timeout=60, what=f"the server on port {p}")
             self._banner(port, servers, admin, password, token, logs)
-            stalled = _stall_probe(env)
-            while not stopping:
-                supervise(children, log_dir=logs, stalled=stalled, on_restart=lambda child, why: self.stderr.write(
-                    f"{child.name} {why}; restarting it. See {child.log_path}."))
-                time.sleep(0.5)
+            supervise_until(lambda: stopping, children, log_dir=logs, stalled=_stall_probe(env),
+                            say=self.stderr.write)
         finally:
-            self.stdout.write("Stopping…")
-            for child in reversed(children):
-                child.stop()
-            for sandbox in sandboxes:
-                sandbox.stop()
-            self.stdout.write("Stopped.")
+            stop_all(children, sandboxes, say=self.stdout.write)
 
     def _banner(self, port: int, servers: list[int], admin: str, password: str, token: str, logs: Path) -> None:
         self.stdout.write(self.style.SUCCESS(f"\nCountersign (distributed, production settings) at http://127.0.0.1:{port}\n"))

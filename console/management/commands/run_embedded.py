@@ -16,7 +16,15 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from console.demo import ensure_demo_data
-from console.lib.procs import Child, first_taken_port, http_ok, python, supervise, wait_until
+from console.lib.procs import (
+    Child,
+    first_taken_port,
+    http_ok,
+    python,
+    stop_all,
+    supervise_until,
+    wait_until,
+)
 from ledger.liveness import worker_stalled
 from sandbox.process import SandboxProcess
 
@@ -103,18 +111,10 @@ class Command(BaseCommand):
                 child.start(log_dir=logs)
             wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="the server")
             self._banner(port, logs)
-            stalled = _stall_check(WORKER_NODE.replace("%h", socket.gethostname()))
-            while not stopping:
-                supervise(children, log_dir=logs, stalled=stalled, on_restart=lambda child, why: self.stderr.write(
-                    f"{child.name} {why}; restarting it. See {child.log_path}."))
-                time.sleep(0.5)
+            supervise_until(lambda: stopping, children, log_dir=logs, stalled=_stall_check(WORKER_NODE.replace("%h", socket.gethostname())),
+                            say=self.stderr.write)
         finally:
-            self.stdout.write("Stopping…")
-            for child in reversed(children):
-                child.stop()
-            for sandbox in sandboxes:
-                sandbox.stop()
-            self.stdout.write("Stopped.")
+            stop_all(children, sandboxes, say=self.stdout.write)
 
     def _banner(self, port: int, logs: Path) -> None:
         password = settings.DEMO_PASSWORD
