@@ -18,12 +18,32 @@ from ledger.models import Operation, OperationStatus, WorkerHeartbeat
 from tests.factories import make_operation
 
 
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 @pytest.fixture
 def taken_port():
-    with socket.socket() as sock:
+    """A port held open by the test whose two lower neighbours are free: the command checks
+    PORT to PORT+3, so a neighbour that some other program happens to hold would be named
+    first (CI once met exactly that)."""
+    for _ in range(50):
+        sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        if port > 1026 and _is_free(port - 1) and _is_free(port - 2):
+            break
+        sock.close()
+    else:
+        pytest.fail("no port with two free neighbours below it")
+    with sock:
         sock.listen()
-        yield sock.getsockname()[1]
+        yield port
 
 
 @pytest.mark.parametrize("offset", [0, 1, 2])
