@@ -75,6 +75,9 @@ MATRIX: dict[str, Rule] = {
     "stops:page": rule(PEOPLE),
     "stops:create": rule(PEOPLE, "post"),  # a stop of the principal's own tenant
     "stops:resume": rule(PEOPLE_A, "post"),
+    # Tools are shared configuration: any person may read one; its use (agents, operations) is
+    # shown for the person's own tenants only, so tenant B's people see none of tenant A's.
+    "tools:detail": rule(PEOPLE),
     "login": rule(EVERYONE),
     "logout": rule(EVERYONE, "post"),
     "admin:login": rule(EVERYONE),
@@ -141,7 +144,8 @@ def world(agent, outsider_agent, tenant, other_tenant):
                                      user=people[ADMIN], reason="matrix")
     run = start_task(agent)
     kwargs = {"approval_id": approval.pk, "operation_id": operation.pk, "task_id": run.task_id,
-              "call_id": operation.call_id, "stop_id": stop.stop_id, "action": "pause"}
+              "call_id": operation.call_id, "stop_id": stop.stop_id, "action": "pause",
+              "tool_name": operation.tool.name}
     # Valid bodies, so a refusal is the authorization's and not the input validation's.
     bodies = {
         "api-call-propose": call_body(run),
