@@ -18,6 +18,7 @@ import re
 import shlex
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -253,3 +254,35 @@ def tools_enable(*, tools: Iterable[Tool], tenant: Tenant) -> list[AgentPrincipa
     for tool in tools:
         tool.enabled = True
     return agents
+
+
+BUILT_IN = "built-in"
+
+
+def upstream_of(tool: Tool) -> str:
+    """Where a call of this tool goes, in words a reviewer can check: the host of an HTTP tool,
+    the URL or command line of an MCP tool's server, "built-in" for an adapter compiled into
+    Countersign. Credentials never appear: a URL's user info and query are left out (the
+    configuration keeps secrets by reference, but a pasted URL might still carry one)."""
+    if tool.adapter == HTTP_ADAPTER:
+        return _host_of(tool.http_url)
+    if tool.adapter == MCP_ADAPTER:
+        server = (tool.mcp_server or "").strip()
+        if server.startswith(("http://", "https://")):
+            parts = urlsplit(server)
+            return f"{parts.scheme}://{_host_of(server)}{parts.path}"
+        return server
+    return BUILT_IN
+
+
+def _host_of(url: str) -> str:
+    """host[:port] of a URL (a template's placeholders never stand in the host)."""
+    try:
+        parts = urlsplit(url or "")
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}" if port else host

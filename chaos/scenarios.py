@@ -29,6 +29,7 @@ from chaos.invariants import Expect, Finding
 from chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
 from chaos.random_kills import random_faults
 from chaos.stack import ChaosStack
+from chaos.tool_kills import kill_http_tool, kill_mcp_tool
 from chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
     NEEDS_APPROVAL,
     NO_IDEMPOTENCY,
@@ -257,11 +258,12 @@ class Scenario:
     pool: str | None = None  # the product's pool (CELERY_WORKER_POOL), or e.g. "prefork"
     concurrency: int = 1
     restart_stalled: bool = False  # the stack restarts a worker that stops progressing, as make run does
+    mcp_server: bool = False  # the stack runs the chaos MCP server (scenario 17)
 
     def stack_options(self) -> dict:
         return {"workers": self.workers, "worker_skews": self.worker_skews, "db_proxy": self.db_proxy,
                 "api_server": self.api_server, "pool": self.pool, "concurrency": self.concurrency,
-                "restart_stalled": self.restart_stalled}
+                "restart_stalled": self.restart_stalled, "mcp_server": self.mcp_server}
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -281,6 +283,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              restart_stalled=True),
     Scenario(14, "random-kill-worker", random_faults("worker"), pool=None, restart_stalled=True),
     Scenario(15, "random-stop-worker", random_faults("stop"), pool=None, restart_stalled=True),
+    Scenario(16, "kill-http-tool", kill_http_tool),
+    Scenario(17, "kill-mcp-tool", kill_mcp_tool, mcp_server=True),
 )}
 
 
@@ -336,7 +340,8 @@ def run_trial(scenario: Scenario, stack: ChaosStack, world: World, rng: random.R
             # getting no answer at all); the trial's own finding says why. Not a crash of the run.
             findings.append(Finding(invariants.VIOLATION, operation_id, "the operation was never created"))
             continue
-        count = len(provider_effects(stack.payments.base_url, key=operation.idempotency_key))
+        count = (trial.effects(operation) if trial.effects is not None
+                 else len(provider_effects(stack.payments.base_url, key=operation.idempotency_key)))
         found = invariants.check_operation(operation_id, effects=count)
         findings.extend(found)
         if invariants.is_settled(operation_id):

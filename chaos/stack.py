@@ -77,6 +77,7 @@ class ChaosStack:
     # which the harness can tell to cut connections mid-commit. The harness itself connects directly.
     db_proxy: bool = False
     api_server: bool = False  # a uvicorn serving the agent API, for trials that go through HTTP
+    mcp_server: bool = False  # the chaos MCP server (chaos/mcp_upstream.py), for MCP tool trials
     var_dir: Path = field(init=False)
     marker_dir: Path = field(init=False)
     payments: SandboxProcess | None = field(init=False, default=None)
@@ -87,6 +88,8 @@ class ChaosStack:
     proxy: ProxyControl | None = field(init=False, default=None)
     server_child: Child | None = field(init=False, default=None)
     api_url: str | None = field(init=False, default=None)
+    mcp_child: Child | None = field(init=False, default=None)
+    mcp_url: str | None = field(init=False, default=None)
     _children_database_url: str | None = field(init=False, default=None)
     _saved_broker: tuple | None = field(init=False, default=None)
     restarts: list[str] = field(init=False, default_factory=list)
@@ -120,6 +123,13 @@ class ChaosStack:
                 hang_seconds=self.hang_seconds, die_with_parent=True, stderr=mail_log)
         if self.db_proxy:
             self._start_proxy(logs)
+        if self.mcp_server:
+            port = _free_port()
+            self.mcp_child = Child("mcp", python("-m", "chaos.mcp_upstream", "--effects", str(self.mcp_effects_path),
+                                                 "--port", str(port), "--hang", str(self.hang_seconds)))
+            self.mcp_child.start(log_dir=logs)
+            self.mcp_url = f"http://127.0.0.1:{port}/mcp"
+            wait_until(http_ok(self.mcp_url), timeout=30, what="the chaos MCP server")
         env = self.child_env()
         run = self.key_prefix.strip(":").split("-")[-1]
         for i in range(self.workers):
@@ -207,7 +217,8 @@ class ChaosStack:
             self._watchdog.join(timeout=5)
         self._restore_app_broker()
         for child in [*([self.server_child] if self.server_child else []), *self.worker_children,
-                      *([self.beat_child] if self.beat_child else []), *([self.proxy_child] if self.proxy_child else [])]:
+                      *([self.beat_child] if self.beat_child else []), *([self.proxy_child] if self.proxy_child else []),
+                      *([self.mcp_child] if self.mcp_child else [])]:
             # Nothing the stack stopped (SIGSTOP) may keep a child from dying.
             _signal_session(child, signal.SIGCONT)
             child.stop(timeout=5)
@@ -226,6 +237,10 @@ class ChaosStack:
         self.stop()
 
     # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def mcp_effects_path(self) -> Path:
+        return self.var_dir / "sandbox" / "mcp-effects.jsonl"
 
     @property
     def resolved_broker_url(self) -> str:

@@ -88,6 +88,9 @@ class Trial:
     expectations: dict[str, Expect] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)  # found while driving the trial
     notes: list[str] = field(default_factory=list)
+    # How many effects the provider holds for an operation; None: the payments sandbox's log,
+    # by the operation's key.
+    effects: Callable[[Operation], int] | None = None
 
 
 @dataclass
@@ -130,16 +133,17 @@ def refund_arguments(order_id: str, amount: float = 25, **changes) -> dict:
 
 
 def propose(world: World, *, tool: str, order_id: str, amount: float = 25,
-            before: Callable[[str], None] | None = None) -> Proposed:
-    """A fresh task, leased and running, proposing one refund. `before(operation_id)` runs
-    before the proposal commits its dispatch (to arm a seam for exactly this operation)."""
-    run = start_task(world, goal=f"chaos refund {order_id}")
+            before: Callable[[str], None] | None = None, arguments: dict | None = None) -> Proposed:
+    """A fresh task, leased and running, proposing one refund (or, given `arguments`, one call
+    of another tool). `before(operation_id)` runs before the proposal commits its dispatch (to
+    arm a seam for exactly this operation)."""
+    run = start_task(world, goal=f"chaos {tool} {order_id}")
     operation_id = run.operation_id(world, tool)
     if before is not None:
         before(operation_id)
     proposal = call_propose(
         principal=world.agent, task_id=run.task_id, call_id=f"call-{uuid.uuid4().hex[:12]}", step_id=run.step_id,
-        tool_name=tool, arguments=refund_arguments(order_id, amount),
+        tool_name=tool, arguments=refund_arguments(order_id, amount) if arguments is None else arguments,
         expected_version=run.version, fencing_token=run.lease_token,
     )
     if proposal.operation_id != operation_id:

@@ -17,6 +17,7 @@ urlpatterns = [
     path("operations/", include("ledger.urls")),
     path("runs/", include("runs.urls")),
     path("stops/", include("ledger.control_urls")),
+    path("tools/", include("approvals.tool_urls")),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -8,17 +8,9 @@ database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import math
-import weakref
-from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from channels.layers import InMemoryChannelLayer, get_channel_layer
-from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
@@ -44,7 +36,7 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from console.live import DOORBELL_GROUP, latest_event_id
+from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
@@ -58,14 +50,6 @@ from ledger.selectors import (
 )
 
 MAX_WAIT_SECONDS = 30.0
-# A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
-# it looks again after this long: a ring can be lost (channels-redis drops over capacity).
-FALLBACK_POLL_SECONDS = 2.0
-# With an in-memory layer the doorbell watches the event table's tail instead: one query per
-# this interval per event loop, however many polls wait.
-TAIL_POLL_SECONDS = 0.02
-
-logger = logging.getLogger(__name__)
 
 
 class DecisionSerializer(serializers.Serializer):
@@ -296,18 +280,6 @@ def _error(code: str, message: str, details: dict | None = None, *, status_code:
     return _json(error_body(code, message, details), status_code=status_code, headers=headers)
 
 
-def _db(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run one short database hop off the event loop, in any pool thread, and give its
-    connection back at once (a long-poll must not pin a connection while it sleeps)."""
-    def hop(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return sync_to_async(hop, thread_sensitive=False)
-
-
 def _parse_wait(raw: str | None) -> float:
     if raw is None or raw == "":
         return 0.0
@@ -334,125 +306,12 @@ def _parse_seen(raw: str | None) -> str | None:
     return raw
 
 
-class _Doorbell:
-    """The events doorbell for the long-polls of one event loop: one channel-layer listener
-    however many polls wait, subscribed with the first and dropped with the last. A poll takes
-    the next ring's future before it reads the status, so a commit between the read and the
-    wait still wakes it."""
-
-    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def for_loop(cls) -> _Doorbell:
-        loop = asyncio.get_running_loop()
-        bell = cls._by_loop.get(loop)
-        if bell is None:
-            bell = cls._by_loop[loop] = cls(loop)
-        return bell
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.rung: asyncio.Future = loop.create_future()
-        self.waiters = 0
-        self.listener: asyncio.Task | None = None
-        self.starting = asyncio.Lock()
-
-    def next_ring(self) -> asyncio.Future:
-        return self.rung
-
-    def _ring(self) -> None:
-        rung, self.rung = self.rung, self.loop.create_future()
-        rung.set_result(None)
-
-    async def _subscribe(self) -> None:
-        layer = get_channel_layer()
-        if layer is None or isinstance(layer, InMemoryChannelLayer):
-            # No ring reaches this process from another one (embedded mode's worker commits
-            # where the web server cannot hear it): the tail of the event table rings instead.
-            self.listener = asyncio.create_task(self._watch_tail())
-            return
-        try:
-            channel = await layer.new_channel()
-            await layer.group_add(DOORBELL_GROUP, channel)
-        except Exception:  # noqa: BLE001 - the fallback poll still answers
-            logger.warning("long-poll doorbell unavailable", exc_info=True)
-            return
-        self.listener = asyncio.create_task(self._listen(layer, channel))
-
-    async def _listen(self, layer, channel: str) -> None:
-        try:
-            while True:
-                try:
-                    await layer.receive(channel)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # noqa: BLE001 - the fallback poll still answers
-                    logger.warning("long-poll doorbell receive failed", exc_info=True)
-                    await asyncio.sleep(1)
-                    continue
-                self._ring()
-        finally:
-            with contextlib.suppress(Exception):
-                await layer.group_discard(DOORBELL_GROUP, channel)
-
-    async def _watch_tail(self) -> None:
-        last = None
-        while True:
-            try:
-                current = await _db(latest_event_id)()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the fallback poll still answers
-                logger.warning("long-poll event tail unreadable", exc_info=True)
-                current = last
-            if last is not None and current != last:
-                self._ring()
-            last = current
-            await asyncio.sleep(TAIL_POLL_SECONDS)
-
-    @contextlib.asynccontextmanager
-    async def waiting(self):
-        self.waiters += 1
-        try:
-            async with self.starting:
-                if self.listener is None:
-                    await self._subscribe()
-            yield self
-        finally:
-            self.waiters -= 1
-            if not self.waiters:
-                # Forgotten with its last poll: its futures hold the loop, which would keep the
-                # entry of a finished loop alive for ever.
-                if self._by_loop.get(self.loop) is self:
-                    del self._by_loop[self.loop]
-                if self.listener is not None:
-                    listener, self.listener = self.listener, None
-                    listener.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await listener
-
-
-async def _wait_for_change(call_pk: int, baseline: str, wait: float) -> None:
-    """Until the call's status differs from `baseline` or `wait` seconds have passed, reading
-    the status again at each ring of the doorbell (and at the fallback interval)."""
-    fallback = FALLBACK_POLL_SECONDS
-    bell = _Doorbell.for_loop()
-    async with bell.waiting():
-        deadline = bell.loop.time() + wait
-        while (remaining := deadline - bell.loop.time()) > 0:
-            ring = bell.next_ring()
-            if await _db(call_operation_status)(call_pk=call_pk) != baseline:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ring), timeout=min(fallback, remaining))
-
-
 async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     """Long-poll a call: answer when its operation's status differs from the one the agent last
     saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
     with the status as it is then. A call that is already final, or already past `seen`, is
     answered at once: a poll that starts after the change must not wait for one. A waiting poll
-    wakes on the committed event (`_wait_for_change`), not on a timer."""
+    wakes on the committed event (`ledger.longpoll.wait_for_change`), not on a timer."""
     if request.method not in ("GET", "HEAD"):
         return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
                       status_code=405, headers={"Allow": "GET, HEAD"})
@@ -460,21 +319,21 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     if not header:
         return _error("unauthenticated", "Authentication credentials were not provided.",
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
-    principal = await _db(principal_for_authorization)(header)
+    principal = await db_hop(principal_for_authorization)(header)
     if principal is None:
         return _error("unauthenticated", "Use 'Authorization: Bearer <token>' with a known, active agent token.",
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
     try:
         wait = _parse_wait(request.GET.get("wait"))
         seen = _parse_seen(request.GET.get("seen"))
-        call = await _db(call_for_principal)(
+        call = await db_hop(call_for_principal)(
             principal=principal, call_id=call_id, task_id=request.GET.get("task_id") or None
         )
-        status = await _db(call_operation_status)(call_pk=call.pk)
+        status = await db_hop(call_operation_status)(call_pk=call.pk)
         baseline = seen or status
         if wait > 0 and status == baseline and status not in FINAL_STATUSES:
-            await _wait_for_change(call.pk, baseline, wait)
-        return _json(await _db(_call_body)(call, request))
+            await wait_for_change(call.pk, baseline, wait)
+        return _json(await db_hop(_call_body)(call, request))
     except DomainError as exc:
         return _error(exc.code, exc.message, exc.details, status_code=exc.status)
 

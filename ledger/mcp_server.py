@@ -20,7 +20,7 @@ The same contract as the HTTP API (docs/agents.md), through the same service fun
   server can recompute on a retry, which it cannot, and two identical requests that the model
   meant as two calls would become one.
 - The answer waits (bounded) on the same doorbell as `GET /calls/{id}?wait=`
-  (`ledger.api._wait_for_change`): a call the gate runs is answered with its result, a call held
+  (`ledger.longpoll.wait_for_change`): a call the gate runs is answered with its result, a call held
   for a person with "awaiting approval" (call ID, approval page) after a short wait;
   `countersign_wait` waits for it again.
 """
@@ -51,7 +51,8 @@ from console.api import error_body, principal_for_authorization
 from console.lib.errors import Conflict, DomainError, RateLimited
 from console.models import AgentPrincipal
 from console.ratelimit import rate_limit_hit
-from ledger.api import OperationOutputSerializer, _db, _wait_for_change
+from ledger.api import OperationOutputSerializer
+from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, call_propose
 from ledger.selectors import FINAL_STATUSES, Outcome, call_detail, call_for_principal
 from ledger.starts import task_start
@@ -121,7 +122,7 @@ class _Sessions:
             if known is not None and known != stale:
                 return known
             # The key finds the same task; the same owner re-takes its lease (a new token).
-            task = await _db(_start_task)(principal, session_id)
+            task = await db_hop(_start_task)(principal, session_id)
             self.tasks[session_id] = task
             self.tasks.move_to_end(session_id)
             while len(self.tasks) > SESSION_MEMORY:
@@ -163,10 +164,10 @@ async def _wait(principal: AgentPrincipal, call_id: str, task_id: str, seconds: 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while (remaining := deadline - loop.time()) > 0:
-        call_pk, status, final = await _db(_call_state)(principal, call_id, task_id)
+        call_pk, status, final = await db_hop(_call_state)(principal, call_id, task_id)
         if final or status in FINAL_STATUSES:
             return
-        await _wait_for_change(call_pk, status, remaining)
+        await wait_for_change(call_pk, status, remaining)
 
 
 def _result(body: dict[str, Any]) -> types.CallToolResult:
@@ -255,7 +256,7 @@ class McpServer:
 
     async def _list_tools(self, ctx, params) -> types.ListToolsResult:
         principal, _, _ = self._facts(ctx)
-        tools = await _db(_allowed_tools)(principal)
+        tools = await db_hop(_allowed_tools)(principal)
         listed = [types.Tool(name=name, description=_describe(tool), input_schema=tool.json_schema)
                   for name, tool in tools.items()]
         listed.append(types.Tool(
@@ -271,7 +272,7 @@ class McpServer:
         arguments = dict(params.arguments or {})
         if params.name == WAIT_TOOL:
             return await self._wait_tool(principal, session_id, base_url, arguments)
-        tools = await _db(_allowed_tools)(principal)
+        tools = await db_hop(_allowed_tools)(principal)
         tool = tools.get(params.name)
         if tool is None:
             return _text_error(f"No tool {params.name!r} for this agent.")
@@ -288,14 +289,14 @@ class McpServer:
             wait = (APPROVAL_WAIT_SECONDS if proposal.outcome.outcome == Outcome.AWAITING_APPROVAL
                     else RESULT_WAIT_SECONDS)
             await _wait(principal, call_id, task.task_id, wait)
-            return _result(await _db(_call_body)(principal, call_id, task.task_id, base_url))
+            return _result(await db_hop(_call_body)(principal, call_id, task.task_id, base_url))
         except DomainError as exc:
             return _error(exc)
 
     @staticmethod
     async def _propose(principal: AgentPrincipal, task: _SessionTask, call_id: str, tool_name: str,
                        arguments: dict[str, Any]):
-        return await _db(call_propose)(
+        return await db_hop(call_propose)(
             principal=principal, task_id=task.task_id, call_id=call_id, step_id=call_id, tool_name=tool_name,
             arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token)
 
@@ -312,7 +313,7 @@ class McpServer:
             task = await self.sessions.task(principal, session_id)
         try:
             await _wait(principal, call_id, task.task_id, min(float(timeout), MAX_WAIT_SECONDS))
-            return _result(await _db(_call_body)(principal, call_id, task.task_id, base_url))
+            return _result(await db_hop(_call_body)(principal, call_id, task.task_id, base_url))
         except DomainError as exc:
             return _error(exc)
 
@@ -328,7 +329,7 @@ class McpServer:
                 scope, receive, send)
             return
         header = headers.get("authorization", "")
-        principal = await _db(principal_for_authorization)(header) if header else None
+        principal = await db_hop(principal_for_authorization)(header) if header else None
         if principal is None:
             message = ("Authentication credentials were not provided." if not header else
                        "Use 'Authorization: Bearer <token>' with a known, active agent token.")
@@ -337,7 +338,7 @@ class McpServer:
             return
         try:
             # Counted like the HTTP API's requests (console/ratelimit.py): one per HTTP request.
-            await _db(rate_limit_hit)(principal)
+            await db_hop(rate_limit_hit)(principal)
         except RateLimited as exc:
             await JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=exc.status,
                                headers={"Retry-After": str(exc.retry_after)})(scope, receive, send)

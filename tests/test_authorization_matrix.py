@@ -75,6 +75,9 @@ MATRIX: dict[str, Rule] = {
     "stops:page": rule(PEOPLE),
     "stops:create": rule(PEOPLE, "post"),  # a stop of the principal's own tenant
     "stops:resume": rule(PEOPLE_A, "post"),
+    # Tools are shared configuration: any person may read one; its use (agents, operations) is
+    # shown for the person's own tenants only, so tenant B's people see none of tenant A's.
+    "tools:detail": rule(PEOPLE),
     "login": rule(EVERYONE),
     "logout": rule(EVERYONE, "post"),
     "admin:login": rule(EVERYONE),
@@ -141,7 +144,8 @@ def world(agent, outsider_agent, tenant, other_tenant):
                                      user=people[ADMIN], reason="matrix")
     run = start_task(agent)
     kwargs = {"approval_id": approval.pk, "operation_id": operation.pk, "task_id": run.task_id,
-              "call_id": operation.call_id, "stop_id": stop.stop_id, "action": "pause"}
+              "call_id": operation.call_id, "stop_id": stop.stop_id, "action": "pause",
+              "tool_name": operation.tool.name}
     # Valid bodies, so a refusal is the authorization's and not the input validation's.
     bodies = {
         "api-call-propose": call_body(run),
@@ -174,6 +178,7 @@ def url_of(route: str, name: str | None, kwargs: dict[str, str]) -> str:
 
 
 def test_every_url_pattern_is_classified():
+    # /mcp is outside the URLconf: test_mcp_admits_only_an_agents_token_and_a_session_only_to_its_own_agent.
     unclassified = [route for route, name in all_patterns() if classify(route, name) is None]
 
     assert unclassified == [], "classify these in tests/test_authorization_matrix.py MATRIX"
@@ -260,3 +265,46 @@ def test_anonymous_and_agent_tokens_cannot_open_a_live_socket(agent, tenant, rev
     assert opened == [(True, None)]
 
     assert answers and all(answer == (False, 4403) for answer in answers.values()), answers
+
+
+# /mcp (Countersign as an MCP server) is mounted in console/asgi.py beside the URLconf, so the
+# matrix above cannot see it: its principals by hand, against the served application. Only an
+# agent's bearer token opens a session; a session belongs to the agent that opened it.
+MCP_ACCEPT = "application/json, text/event-stream"
+MCP_INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "matrix", "version": "1"}}}
+MCP_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_admits_only_an_agents_token_and_a_session_only_to_its_own_agent(asgi_server, agent, outsider_agent,
+                                                                             tenant):
+    import httpx
+
+    url = f"{asgi_server.url}/mcp"
+    person = Client()
+    person.force_login(make_user("a-admin", tenant, Role.ADMIN))
+    session_cookie = {"sessionid": person.cookies["sessionid"].value}
+
+    def post(body, headers=None, cookies=None):
+        return httpx.post(url, json=body, headers={"Accept": MCP_ACCEPT, **(headers or {})}, cookies=cookies,
+                          timeout=30)
+
+    # The control: tenant A's agent opens a session.
+    opened = post(MCP_INITIALIZE, {"Authorization": f"Bearer {AGENT_TOKEN}"})
+    assert opened.status_code == 200, opened.text
+    session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+
+    answers = {
+        ANON: post(MCP_INITIALIZE).status_code,
+        "wrong token": post(MCP_INITIALIZE, {"Authorization": "Bearer not-a-token"}).status_code,
+        "console session": post(MCP_INITIALIZE, cookies=session_cookie).status_code,
+        "console session on A's session": post(MCP_LIST, session, cookies=session_cookie).status_code,
+        "anonymous on A's session": post(MCP_LIST, session).status_code,
+        # Another tenant's agent presenting A's session ID: the session is not its own (the
+        # SDK answers 404, as for a session that does not exist: nothing is learnt).
+        "B's agent on A's session": post(MCP_LIST, {**session, "Authorization": f"Bearer {OUTSIDER_TOKEN}"}).status_code,
+    }
+
+    assert answers == {ANON: 401, "wrong token": 401, "console session": 401, "console session on A's session": 401,
+                       "anonymous on A's session": 401, "B's agent on A's session": 404}

@@ -17,6 +17,7 @@ from django.db import connection
 from django.test import AsyncClient
 
 from ledger import api as ledger_api
+from ledger import longpoll
 from ledger import services as ledger_services
 from ledger.models import Operation
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN
@@ -97,7 +98,7 @@ def test_a_waiting_poll_wakes_on_the_committed_event_not_on_a_timer(proposed, po
     the commit woke the poll (else it would answer only when the wait ran out) — through Redis's
     doorbell, or, with an in-memory layer that reaches no other thread or process, through the
     event table's tail."""
-    monkeypatch.setattr(ledger_api, "FALLBACK_POLL_SECONDS", 3600)
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
     changer = dispatch_when(poll_started, proposed["operation_id"])
     began = time.monotonic()
     response = get("/api/v1/calls/call-1", wait=30)
