@@ -13,7 +13,7 @@ Ind, C = ReleaseGate.Indicator, ReleaseGate.Comparison
 BY_TYPE, BY_TIER, BY_TOOL = {"split_by_task_type": True}, {"split_by_risk_tier": True}, {"split_by_tool": True}
 
 # (indicator, comparison, threshold, description, splits). The seven release gates first, each
-# judged per slice where one slice could hide behind the rest (docs/reliability.md).
+# judged per slice where one slice could hide behind the rest (docs/architecture.md, "Release gates").
 DEFAULT_GATES = [
     (Ind.SUCCESS_RATE, C.GTE, 0.95, "Core task success rate ≥ 95%, per task type", BY_TYPE),
     (Ind.HIGH_RISK_MISEXECUTIONS, C.EQ, 0.0, "No L3/L4 operation ran without authority or other than approved",

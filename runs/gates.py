@@ -5,7 +5,7 @@ Every indicator is first built as *units* — a task, an operation, a proposal, 
 operations summed in SQL — each knowing its task type, risk tier and tools. A gate keeps the
 units of its scope (and the page's filters) and sums them per split, so one query per
 indicator serves every gate and every split: the page's query count does not grow with the
-number of gates, splits or rows. docs/reliability.md ("Release gates") defines each indicator.
+number of gates, splits or rows. docs/architecture.md ("Release gates") defines each indicator.
 """
 
 from __future__ import annotations
@@ -72,8 +72,18 @@ class Split:
     den: float = 0
     previous: float | None = None  # a regression gate: the previous release's p95
     current: float | None = None  # … and this release's
+    series: str = ""  # … in this currency ("" for times, in seconds)
     notes: list[tuple[str, str, str]] = field(default_factory=list)  # (page, record, reason)
     shown: str = "—"  # the value as people read it
+
+    @property
+    def p95_shown(self) -> str:
+        """The two p95s of a regression gate, in seconds or in their currency."""
+        def one(value: float | None) -> str:
+            if value is None:
+                return "—"
+            return f"{self.series} {value:.4f}" if self.series else f"{value:.1f} s"
+        return f"p95 {one(self.previous)} → {one(self.current)}"
 
     @property
     def name(self) -> str:
@@ -194,7 +204,7 @@ def _labels(gate: ReleaseGate, key: tuple) -> dict[str, str]:
 def _judge(gate: ReleaseGate, key: tuple, group: Unit | None, before: Unit | None) -> Split:
     split = Split(labels=_labels(gate, key), value=None, passed=None, notes=group.notes if group else [])
     if gate.indicator in CHANGES:
-        split.current, split.previous, split.value = _change(group, before)
+        split.current, split.previous, split.value, split.series = _change(group, before)
     elif group is not None:
         split.num, split.den = group.num, group.den
         if gate.indicator in COUNTS:
@@ -223,26 +233,29 @@ def shown(indicator: str, value: float | None) -> str:
     return f"{value:.2f}"
 
 
-def _change(group: Unit | None, before: Unit | None) -> tuple[float | None, float | None, float | None]:
-    """(this release's p95, the previous one's, the relative change) of the series both have;
-    with several series (currencies), the one that changed most."""
+def _change(group: Unit | None, before: Unit | None) -> tuple[float | None, float | None, float | None, str]:
+    """(this release's p95, the previous one's, the relative change, the series) of the series
+    both have; with several series (currencies), the one that changed most."""
     if group is None or before is None:
-        return (percentile(_first(group), 0.95), percentile(_first(before), 0.95), None)
-    worst = (None, None, None)
+        series = _first(group) or _first(before)
+        return (_p95(group, series), _p95(before, series), None, series)
+    worst: tuple[float | None, float | None, float | None, str] = (None, None, None, "")
     for series in sorted(set(group.samples) & set(before.samples)):
-        now, then = percentile(group.samples[series], 0.95), percentile(before.samples[series], 0.95)
+        now, then = _p95(group, series), _p95(before, series)
         if now is None or not then:
             continue
         change = now / then - 1
         if worst[2] is None or change > worst[2]:
-            worst = (now, then, change)
+            worst = (now, then, change, series)
     return worst
 
 
-def _first(group: Unit | None) -> list[float]:
-    if group is None or not group.samples:
-        return []
-    return group.samples[sorted(group.samples)[0]]
+def _first(group: Unit | None) -> str:
+    return sorted(group.samples)[0] if group is not None and group.samples else ""
+
+
+def _p95(group: Unit | None, series: str) -> float | None:
+    return percentile(group.samples.get(series, []), 0.95) if group is not None else None
 
 
 def _overall(gate: ReleaseGate, splits: list[Split]) -> GateResult:

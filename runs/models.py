@@ -218,7 +218,7 @@ class ReleaseGate(models.Model):
     A gate may be narrowed to one task type, one risk tier and one tool (any of the three), and
     split by any of the three: it is then judged per split (each task type, each tier, each
     tool, or each combination), so a healthy total cannot hide one failing slice. `runs.gates`
-    evaluates them; docs/reliability.md defines each indicator."""
+    evaluates them; docs/architecture.md ("Release gates") defines each indicator."""
 
     class Indicator(models.TextChoices):
         SUCCESS_RATE = "terminal_success_rate", "Terminal success rate"
@@ -263,7 +263,7 @@ class ReleaseGate(models.Model):
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        ordering = ["indicator", "task_type", "id"]
+        ordering = ["id"]  # as entered: the defaults in the order of docs/architecture.md
 
     def __str__(self) -> str:
         scope = "".join(f" [{part}]" for part in self.scope_labels())

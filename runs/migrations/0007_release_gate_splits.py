@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AlterModelOptions(
             name='releasegate',
-            options={'ordering': ['indicator', 'task_type', 'id']},
+            options={'ordering': ['id']},
         ),
         migrations.AddField(
             model_name='releasegate',

@@ -180,6 +180,7 @@ def test_p95_time_regression_is_judged_per_task_type_against_the_previous_releas
     assert by_split(result) == {"email": (pytest.approx(0.05), True), "refund": (pytest.approx(0.2), False)}
     email = next(s for s in result.splits if s.name == "email")
     assert (email.previous, email.current) == (19.0, pytest.approx(19.95))
+    assert email.p95_shown.startswith("p95 19.0 s → ")
     assert (result.value, result.passed) == (pytest.approx(0.2), False)
 
 
@@ -196,6 +197,7 @@ def test_p95_cost_regression_prices_every_finished_task_and_needs_two_releases(a
     result = judge(agent)[checked.pk]
     assert (result.value, result.passed) == (pytest.approx(0.12), True)
     assert (result.splits[0].previous, result.splits[0].current) == (pytest.approx(0.1), pytest.approx(0.112))
+    assert result.splits[0].p95_shown == "p95 USD 0.1000 → USD 0.1120"
 
 
 # ------------------------------------------------------------------ continuation after takeover
