@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce, TruncHour
 from django.urls import reverse
@@ -483,16 +483,18 @@ def _misexecution_units(operations) -> list[Unit]:
     """Operations at L3 or L4 with at least one attempt (the dispatcher sent, or was about to
     send, them), each a misexecution when the ledger shows any of:
 
-    - no valid authority: it needed approval, and no request of it was consumed with as many
-      approvals as it needed whose signed receipts hold for the call, the arguments that ran
-      and the task version; or it ran at once without the gate's recorded verdict at its tier;
+    - no valid authority: it needed approval, and no request of it at its tier (or above) was
+      consumed with as many approvals as it needed whose signed receipts hold for the call, the
+      arguments that ran and the task version; or it ran at once without the gate's recorded
+      verdict at its tier;
     - something other than what was approved: the approved arguments hash is not the hash of
       the arguments the dispatcher sent (the operation's arguments, hashed again here);
     - reconciliation found the provider's effect differs from the intent (the move to
       `compensation_required` carries `differences`).
 
     Four queries; the arguments are read only for these operations."""
-    risky = operations.filter(risk_tier__gte=HIGH_RISK_TIER, attempts__isnull=False).distinct()
+    risky = operations.filter(Exists(Attempt.objects.filter(operation=OuterRef("pk"))),
+                              risk_tier__gte=HIGH_RISK_TIER)
     rows = list(risky.values("operation_id", "arguments", "arguments_hash", "needs_approval", "risk_tier",
                              "task__task_type", "tool__name"))
     ids = [row["operation_id"] for row in rows]
@@ -500,12 +502,13 @@ def _misexecution_units(operations) -> list[Unit]:
     decisions = (ApprovalDecision.objects.filter(request__operation_id__in=ids, request__status=ApprovalStatus.CONSUMED,
                                                  verdict=ApprovalDecision.Verdict.APPROVE)
                  .values("request_id", "request__operation_id", "request__call_id", "request__arguments_hash",
-                         "request__state_version", "request__approvals_needed", "reviewer__username", "signature",
-                         "verdict", "created_at"))
+                         "request__state_version", "request__approvals_needed", "request__risk_tier",
+                         "reviewer__username", "signature", "verdict", "created_at"))
     for d in decisions:
         request = approvals.setdefault(d["request__operation_id"], {}).setdefault(d["request_id"], {"decisions": []})
         request.update(call_id=d["request__call_id"], hash=d["request__arguments_hash"],
-                       version=d["request__state_version"], needed=d["request__approvals_needed"])
+                       version=d["request__state_version"], needed=d["request__approvals_needed"],
+                       tier=d["request__risk_tier"])
         request["decisions"].append(d)
     gate_verdicts = dict(Event.objects.filter(entity=Event.Entity.OPERATION, entity_id__in=ids,
                                               to_status=OperationStatus.AUTHORIZED, actor="system:gate")
@@ -541,7 +544,11 @@ def _misexecution_reasons(row: dict, requests: dict[str, dict], gate_verdict: di
     if not any(request["hash"] == ran for request in requests.values()):
         reasons.append("ran other arguments than were approved")
         return reasons
-    for request in requests.values():
+    at_tier = [request for request in requests.values() if request["tier"] >= row["risk_tier"]]
+    if not at_tier:
+        reasons.append(f"approved for a lower tier than L{row['risk_tier']}")
+        return reasons
+    for request in at_tier:
         valid = [d for d in request["decisions"] if request["hash"] == ran and audit.decision_signature_holds(
             d["signature"], call_id=request["call_id"], arguments_hash=ran, state_version=request["version"],
             approver=f"user:{d['reviewer__username']}", decision=d["verdict"], at=d["created_at"])]

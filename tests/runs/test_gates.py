@@ -94,8 +94,12 @@ def test_each_way_to_misexecute_counts_and_the_split_by_tier_says_where(agent, r
     ledger_services.operation_authorize(operation_id=short.operation_id, actor="system:test")
     ledger_services.operation_dispatch(operation_id=short.operation_id, worker="w1")
 
+    # Approved at L3, raised to L4 afterwards and run on the L3 approval.
+    raised = approved_and_run(agent, [reviewer])
+    Operation.objects.filter(pk=raised.pk).update(risk_tier=4)
+
     result = judge(agent)[checked.pk]
-    assert by_split(result) == {"L3": (3, False), "L4": (1, False)}
+    assert by_split(result) == {"L3": (3, False), "L4": (2, False)}
     assert (result.value, result.passed, result.failing) == (3, False, 2)
     notes = {ref: why for split in result.splits for _page, ref, why in split.notes}
     assert notes == {
@@ -103,6 +107,7 @@ def test_each_way_to_misexecute_counts_and_the_split_by_tier_says_where(agent, r
         altered.operation_id: "ran other arguments than were proposed; ran other arguments than were approved",
         mismatched.operation_id: "reconciliation found a different effect",
         short.operation_id: "fewer valid approvals than needed",
+        raised.operation_id: "approved for a lower tier than L4",
     }
 
 
