@@ -15,7 +15,7 @@ from console.access import roles_of, tenant_ids_for
 from console.api import error_body
 from console.models import Event, RiskTier, Role
 from ledger.liveness import liveness_report
-from runs import metrics
+from runs import gates, metrics
 from runs.models import Task
 
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
@@ -35,10 +35,12 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     tier = int(tier_raw) if tier_raw.isdigit() and int(tier_raw) in RiskTier.values else None
     since = timezone.now() - WINDOWS[window]
     indicators = metrics.compute(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier)
+    gate_results, releases = gates.evaluate(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier,
+                                            release=request.GET.get("release", ""), fallback=indicators)
     events = Event.objects.filter(tenant_id__in=tenant_ids).order_by("-id")[:50]
     context = {
         "indicators": indicators,
-        "gates": metrics.gate_results(indicators, task_type=task_type),
+        "gates": gate_results, "releases": releases,
         "chart": metrics.series(tenant_ids=tenant_ids, since=since, task_type=task_type, tier=tier),
         "trials": {"k": list(indicators.pass_at_k), "pass_at_k": list(indicators.pass_at_k.values()),
                    "pass_hat_k": [indicators.pass_hat_k.get(k) for k in indicators.pass_at_k]},

@@ -98,16 +98,44 @@ def call_propose(
                     arguments=arguments, expected_version=expected_version, fencing_token=fencing_token,
                     args_hash=gate.canonical_arguments_hash(arguments))
     try:
-        return _propose(**proposal)
-    except _LostRace:
-        # Another writer inserted this call or operation after our reads (the task lock keeps
-        # agents out, not a compensation): everything was rolled back, and the second pass
-        # finds the ledger's row and answers from it.
-        return _propose(**proposal)
+        try:
+            return _propose(**proposal)
+        except _LostRace:
+            # Another writer inserted this call or operation after our reads (the task lock keeps
+            # agents out, not a compensation): everything was rolled back, and the second pass
+            # finds the ledger's row and answers from it.
+            return _propose(**proposal)
+    except _InvalidArguments as invalid:
+        _record_invalid_arguments(invalid, principal=principal, call_id=call_id, step_id=step_id)
+        raise invalid.error from None
 
 
 class _LostRace(Exception):
     pass
+
+
+class _InvalidArguments(Exception):
+    """The arguments failed the tool's schema (400): the proposal's transaction is rolled back,
+    and `call_propose` then records the refusal on its own."""
+
+    def __init__(self, error: InvalidInput, *, task: Task, tool: Tool) -> None:
+        super().__init__(error.message)
+        self.error, self.task_id, self.tenant_id, self.tool_name = error, task.task_id, task.tenant_id, tool.name
+
+
+def _record_invalid_arguments(invalid: _InvalidArguments, *, principal: AgentPrincipal, call_id: str,
+                              step_id: str) -> None:
+    """A `call_refused` event for a proposal whose arguments failed the tool's schema: no call
+    row (a repeat is checked again, and a corrected call may reuse the call ID), but a record
+    that it happened, which the tool-argument validity gate (runs.gates) counts."""
+    with transaction.atomic():
+        record_event(
+            entity=CALL_ENTITY, entity_id=call_id, tenant_id=invalid.tenant_id, kind=Event.Kind.CALL_REFUSED,
+            to_status=Decision.REFUSED, actor=principal.ref, reason=invalid.error.message,
+            evidence={"task_id": invalid.task_id, "step_id": step_id, "tool": invalid.tool_name,
+                      "invalid_arguments": invalid.error.details.get("errors", []),
+                      "schema_error": invalid.error.details.get("schema_error", "")},
+        )
 
 
 def _check_proposing(task: Task) -> None:
@@ -143,7 +171,10 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         if tool is None:
             raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
         # Validated and authorized once, here: `gate.decide` below does the rest of the gate.
-        gate.validate_arguments(tool=tool, arguments=arguments)
+        try:
+            gate.validate_arguments(tool=tool, arguments=arguments)
+        except InvalidInput as exc:
+            raise _InvalidArguments(exc, task=task, tool=tool) from exc
         gate.authorize(principal=principal, task=task, tool=tool, catalog=policy)
 
         intent = intent_hash(tool=tool.name, arguments=arguments, principal=principal.ref)

@@ -25,7 +25,8 @@ class LeaseAdmin(ReadOnlyAdmin):
 
 @admin.register(ReleaseGate)
 class ReleaseGateAdmin(admin.ModelAdmin):
-    list_display = ["indicator", "comparison", "threshold", "task_type", "enabled", "description"]
+    list_display = ["indicator", "comparison", "threshold", "task_type", "risk_tier", "tool", "split_by_task_type",
+                    "split_by_risk_tier", "split_by_tool", "enabled", "description"]
     list_filter = ["indicator", "enabled"]
     list_editable = ["threshold", "enabled"]
 

@@ -21,7 +21,7 @@ from django.db.models.functions import TruncHour
 from console.lib.canonical import sha256_hex
 from console.models import Event
 from ledger.models import Attempt, Fact, Operation, OperationStatus
-from runs.models import ReleaseGate, Span, Task, TaskStatus
+from runs.models import Span, Task, TaskStatus
 from runs.pricing import PriceBook, format_money
 
 RESOLVED = {OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.FAILED, OperationStatus.COMPENSATION_REQUIRED}
@@ -206,11 +206,6 @@ def _trials(result: Indicators, tasks, ks: tuple[int, ...]) -> None:
         if eligible:
             result.pass_at_k[k] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
             result.pass_hat_k[k] = sum(pass_hat_k(n, c, k) for n, c in eligible) / len(eligible)
-
-
-def gate_results(indicators: Indicators, *, task_type: str = "") -> list[tuple[ReleaseGate, float | None, bool | None]]:
-    gates = ReleaseGate.objects.filter(enabled=True).filter(Q(task_type="") | Q(task_type=task_type))
-    return [(gate, indicators.value(gate.indicator), gate.passes(indicators.value(gate.indicator))) for gate in gates]
 
 
 def series(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier: int | None = None,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from console.models import Event
+from console.models import Event, RiskTier
 
 
 class TaskStatus(models.TextChoices):
@@ -212,7 +213,12 @@ class ModelPrice(models.Model):
 
 class ReleaseGate(models.Model):
     """A release-gate threshold on one reliability indicator: the dashboard shows a
-    pass/fail badge for each enabled gate, per task type and tier where set."""
+    pass/fail badge for each enabled gate.
+
+    A gate may be narrowed to one task type, one risk tier and one tool (any of the three), and
+    split by any of the three: it is then judged per split (each task type, each tier, each
+    tool, or each combination), so a healthy total cannot hide one failing slice. `runs.gates`
+    evaluates them; docs/architecture.md ("Release gates") defines each indicator."""
 
     class Indicator(models.TextChoices):
         SUCCESS_RATE = "terminal_success_rate", "Terminal success rate"
@@ -223,6 +229,18 @@ class ReleaseGate(models.Model):
         UNRESOLVED_RATE = "unresolved_rate", "Unresolved (manual) rate"
         RETRY_AMPLIFICATION = "retry_amplification", "Retry amplification"
         LATENCY_AMPLIFICATION = "latency_amplification", "Latency amplification"
+        HIGH_RISK_MISEXECUTIONS = "high_risk_misexecutions", "High-risk misexecutions"
+        ARGUMENT_VALIDITY = "argument_validity_rate", "Tool-argument validity"
+        TIME_P95_CHANGE = "task_time_p95_change", "Task time p95 vs previous release"
+        COST_P95_CHANGE = "task_cost_p95_change", "Task cost p95 vs previous release"
+        CONTINUATION_RATE = "continuation_rate", "Continuation after a person took over"
+
+    # The indicators `runs.gates` judges per split; the rest only on the whole window.
+    SPLITTABLE = frozenset({
+        Indicator.SUCCESS_RATE, Indicator.UNRESOLVED_RATE, Indicator.DUPLICATE_RATE, Indicator.RETRY_AMPLIFICATION,
+        Indicator.HIGH_RISK_MISEXECUTIONS, Indicator.ARGUMENT_VALIDITY, Indicator.TIME_P95_CHANGE,
+        Indicator.COST_P95_CHANGE, Indicator.CONTINUATION_RATE,
+    })
 
     class Comparison(models.TextChoices):
         GTE = "gte", "≥"
@@ -235,15 +253,42 @@ class ReleaseGate(models.Model):
     comparison = models.CharField(max_length=4, choices=Comparison.choices)
     threshold = models.FloatField()
     task_type = models.CharField(max_length=100, blank=True, help_text="Empty: all task types.")
+    risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices, null=True, blank=True,
+                                                 help_text="Empty: all tiers.")
+    tool = models.CharField(max_length=100, blank=True, help_text="A tool's name. Empty: all tools.")
+    split_by_task_type = models.BooleanField(default=False, help_text="Judge each task type on its own.")
+    split_by_risk_tier = models.BooleanField(default=False, help_text="Judge each risk tier on its own.")
+    split_by_tool = models.BooleanField(default=False, help_text="Judge each tool on its own.")
     enabled = models.BooleanField(default=True)
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        ordering = ["indicator", "task_type"]
+        ordering = ["id"]  # as entered: the defaults in the order of docs/architecture.md
 
     def __str__(self) -> str:
-        scope = f" [{self.task_type}]" if self.task_type else ""
-        return f"{self.get_indicator_display()} {self.get_comparison_display()} {self.threshold}{scope}"
+        scope = "".join(f" [{part}]" for part in self.scope_labels())
+        return f"{self.get_indicator_display()} {self.get_comparison_display()} {self.threshold:g}{scope}"
+
+    def scope_labels(self) -> list[str]:
+        parts = [self.task_type, f"L{self.risk_tier}" if self.risk_tier is not None else "", self.tool]
+        return [part for part in parts if part]
+
+    @property
+    def split_words(self) -> str:
+        return ", ".join(name.replace("_", " ") for name in self.split_dimensions)
+
+    @property
+    def split_dimensions(self) -> tuple[str, ...]:
+        """The dimensions the gate is judged per value of, in a fixed order."""
+        flags = (("task_type", self.split_by_task_type), ("risk_tier", self.split_by_risk_tier),
+                 ("tool", self.split_by_tool))
+        return tuple(name for name, on in flags if on)
+
+    def clean(self) -> None:
+        narrowed = self.risk_tier is not None or self.tool or self.split_dimensions
+        if narrowed and self.indicator not in self.SPLITTABLE:
+            raise ValidationError(f"{self.get_indicator_display()} is judged on the whole window only: "
+                                  "leave its tier, tool and splits empty.")
 
     def passes(self, value: float | None) -> bool | None:
         if value is None:

@@ -155,11 +155,16 @@ def test_an_unknown_tool_is_invalid(agent, running_task):
         propose(agent, running_task, tool="payments.chargeback")
 
 
-def test_invalid_arguments_write_nothing(agent, running_task):
-    before = rows()
+def test_invalid_arguments_write_nothing_but_the_record_of_the_refusal(agent, running_task):
+    operations, calls, attempts, approvals, events = rows()
     with pytest.raises(InvalidInput):
         propose(agent, running_task, arguments={"order_id": "ord-42"})
-    assert rows() == before
+    # No call: a repeat is checked again, and the agent may correct it under the same call ID.
+    assert rows() == (operations, calls, attempts, approvals, events + 1)
+    event = Event.objects.order_by("-id").first()
+    assert (event.entity, event.entity_id, event.kind, event.actor) == ("call", "call-1", "call_refused", agent.ref)
+    assert {e["path"] for e in event.evidence["invalid_arguments"]} == {""}  # required properties missing
+    assert propose(agent, running_task).decision == "dispatched"
 
 
 def test_a_tool_the_principal_may_not_use_is_forbidden(agent, running_task, policy):

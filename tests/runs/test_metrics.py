@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ledger import services as ledger_services
 from ledger.models import OperationStatus as S
-from runs import metrics
+from runs import gates, metrics
 from runs.defaults import ensure_release_gates
 from runs.models import ReleaseGate, Task, TaskStatus
 from tests.factories import make_operation, make_task
@@ -84,7 +84,8 @@ def test_release_gates_pass_fail_or_say_no_data(agent):
     task = make_task(agent)
     Task.objects.filter(pk=task.pk).update(status=TaskStatus.FAILED)
     result = metrics.compute(tenant_ids={agent.tenant_id}, since=since())
-    verdicts = {gate.indicator: ok for gate, _value, ok in metrics.gate_results(result)}
+    results, _releases = gates.evaluate(tenant_ids={agent.tenant_id}, since=since(), fallback=result)
+    verdicts = {r.gate.indicator: r.passed for r in results}
     assert verdicts[ReleaseGate.Indicator.SUCCESS_RATE] is False
     assert verdicts[ReleaseGate.Indicator.DUPLICATE_RATE] is None  # nothing confirmed yet
 
