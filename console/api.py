@@ -20,7 +20,10 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerFieldExtension,
+)
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
@@ -28,6 +31,7 @@ from rest_framework import authentication, exceptions, parsers, serializers, sta
 from rest_framework.response import Response
 
 from console.lib import jsonlimits
+from console.lib.canonical import canonical_json
 from console.lib.errors import DomainError, RateLimited
 from console.models import AgentPrincipal, hash_token
 
@@ -138,6 +142,20 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictCharFieldExtension(OpenApiSerializerFieldExtension):
+    """A StrictCharField that trims and may not be blank refuses a string of spaces: the schema
+    says so with a pattern (a character that is not white space as `str.strip` counts it)."""
+
+    target_class = StrictCharField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        if self.target.trim_whitespace and not self.target.allow_blank:
+            schema.setdefault("pattern", r"[^\s\x1c-\x1f\x85]")
+        return schema
+
+
 class StrictIntegerField(serializers.IntegerField):
     """A JSON integer: "3", 3.0 and true are not versions or tokens."""
 
@@ -145,6 +163,14 @@ class StrictIntegerField(serializers.IntegerField):
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+def canonicalizable(value: Any) -> None:
+    """A value RFC 8785 can write (hashes are taken over it): no integer beyond 2^53, no NaN."""
+    try:
+        canonical_json(value)
+    except (ValueError, TypeError) as exc:  # rfc8785.CanonicalizationError is a ValueError
+        raise serializers.ValidationError(f"Canonical JSON (RFC 8785) cannot hold this value: {exc}") from exc
 
 
 @extend_schema_field(OpenApiTypes.OBJECT)

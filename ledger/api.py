@@ -13,6 +13,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -181,6 +182,22 @@ class CallDryRunOutputSerializer(serializers.Serializer):
 PROPOSAL_ONLY = ("call_id", "step_id", "expected_version", "fencing_token")
 
 
+class _DryRunField(StrictBooleanField):
+    """`dry_run` documented as exactly one value: each branch of the proposal's request schema."""
+
+    def __init__(self, value: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.value = value
+
+
+class _DryRunFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = _DryRunField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {"type": "boolean", "enum": [self.target.value]}
+
+
 class CallProposeApi(APIView):
     class InputSerializer(serializers.Serializer):
         call_id = StrictCharField(
@@ -208,6 +225,28 @@ class CallProposeApi(APIView):
                     raise serializers.ValidationError(missing)
             return attrs
 
+    # The request as the schema shows it: the ids are required unless `dry_run` is true, which the
+    # input serializer checks in `validate` and a flat schema cannot say; one branch for each.
+    class ProposalInputSerializer(InputSerializer):
+        class Meta:
+            ref_name = "CallProposalInput"
+
+        def get_fields(self):
+            fields = super().get_fields()
+            for name in PROPOSAL_ONLY:
+                fields[name].required = True
+            fields["dry_run"] = _DryRunField(False, required=False, default=False)
+            return fields
+
+    class DryRunInputSerializer(InputSerializer):
+        class Meta:
+            ref_name = "CallDryRunInput"
+
+        def get_fields(self):
+            fields = super().get_fields()
+            fields["dry_run"] = _DryRunField(True, required=True)
+            return fields
+
     class OutputSerializer(serializers.Serializer):
         call_id = serializers.CharField()
         operation_id = serializers.CharField(allow_null=True)
@@ -232,7 +271,8 @@ class CallProposeApi(APIView):
             "version or token check; the same call ID with other arguments is 422. With `dry_run: true`, 200 "
             "with the gate's verdict (CallDryRunOutput) and nothing written."
         ),
-        request=InputSerializer,
+        request=PolymorphicProxySerializer(component_name="CallProposeInput", resource_type_field_name=None,
+                                           serializers=[ProposalInputSerializer, DryRunInputSerializer]),
         responses={
             201: OutputSerializer,
             200: PolymorphicProxySerializer(component_name="CallProposeAnswer", resource_type_field_name=None,
@@ -347,8 +387,8 @@ class CallGetApi(APIView):
                     "it); otherwise when the operation's status differs from `seen` (default: the status at "
                     "the start of the request), or after `wait` seconds (at most 30).",
         parameters=[
-            OpenApiParameter("wait", OpenApiTypes.FLOAT, description="Seconds to wait for a change (0–30)."),
-            OpenApiParameter("seen", OpenApiTypes.STR,
+            OpenApiParameter("wait", {"type": "number", "minimum": 0}, description="Seconds to wait for a change (0–30)."),
+            OpenApiParameter("seen", OpenApiTypes.STR, enum=CALL_STATUSES,
                              description="The status the agent last saw: a different one answers at once."),
             OpenApiParameter("task_id", OpenApiTypes.STR,
                              description="The call's task. Without it, a call ID used in several of your tenant's "

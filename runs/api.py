@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import math
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.gate import CONSTRAINT_TYPES, parse_deadline
-from console.api import JSONObjectField, StrictCharField, StrictIntegerField, errors
+from console.api import (
+    JSONObjectField,
+    StrictCharField,
+    StrictIntegerField,
+    canonicalizable,
+    errors,
+)
 from ledger import decisions, starts
 from runs import services
 from runs.models import TaskStatus
@@ -98,6 +103,10 @@ class TaskOutputSerializer(serializers.Serializer):
 
 
 IDEMPOTENCY_KEY_MAX = 255
+# As `idempotency_key` checks it. HTTP drops a header value's leading and trailing spaces, so the
+# first and last characters are not spaces.
+IDEMPOTENCY_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX,
+                          "pattern": "^[!-~]([ -~]*[!-~])?$"}
 
 
 def idempotency_key(request) -> str:
@@ -123,10 +132,12 @@ class TaskCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
         task_type = StrictCharField(max_length=100)
         goal = StrictCharField()
-        inputs = JSONObjectField(required=False, default=dict)
-        success_criteria = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
-        constraints = JSONObjectField(required=False, default=dict, validators=[validate_constraints])
-        versions = JSONObjectField(required=False, default=dict)
+        # The contract is hashed canonically (an Idempotency-Key binds to it).
+        inputs = JSONObjectField(required=False, default=dict, validators=[canonicalizable])
+        success_criteria = serializers.ListField(child=serializers.JSONField(), required=False, default=list,
+                                                 validators=[canonicalizable])
+        constraints = JSONObjectField(required=False, default=dict, validators=[validate_constraints, canonicalizable])
+        versions = JSONObjectField(required=False, default=dict, validators=[canonicalizable])
         lease = LeaseInputSerializer(
             required=False,
             help_text="Also lease the task to this owner and move it to `running`, in the same call. The same "
@@ -164,7 +175,7 @@ class TaskCreateApi(APIView):
         description="With an `Idempotency-Key` header (e.g. the framework's thread ID): the same key and the same "
                     "contract answer the task registered first (200); the same key with another contract is 422. "
                     "Keys belong to the agent and do not expire.",
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+        parameters=[OpenApiParameter("Idempotency-Key", IDEMPOTENCY_KEY_SCHEMA, OpenApiParameter.HEADER,
                                      description="1 to 255 printable ASCII characters.")],
         request=InputSerializer,
         responses={201: OutputSerializer, 200: OutputSerializer, **errors(400, 401, 409, 422)},

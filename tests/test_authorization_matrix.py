@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 
 import pytest
+from django.conf import settings
+from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -47,6 +49,7 @@ def rule(admitted, method: str = "get") -> Rule:
 
 
 PEOPLE = PEOPLE_A | PEOPLE_B
+SUPPORT_A = {SUPPORT, ADMIN}
 # Every named route, by "namespace:name". A POST route is refused or admitted on POST; only the
 # principals it does not admit are sent (an admitted one would act).
 MATRIX: dict[str, Rule] = {
@@ -56,25 +59,27 @@ MATRIX: dict[str, Rule] = {
     "approvals:export_csv": rule(PEOPLE),
     "approvals:export_json": rule(PEOPLE),
     "approvals:detail": rule({REVIEWER, ADMIN}),
-    "approvals:approve": rule({REVIEWER, ADMIN}, "post"),
-    "approvals:reject": rule({REVIEWER, ADMIN}, "post"),
+    # An admin reads a request; only a reviewer (of its tier) decides it.
+    "approvals:approve": rule({REVIEWER}, "post"),
+    "approvals:reject": rule({REVIEWER}, "post"),
     "approvals:edit": rule({REVIEWER, ADMIN}),
     "operations:unknown": rule(PEOPLE),
     "operations:detail": rule(PEOPLE_A),
-    "operations:query": rule(PEOPLE_A, "post"),
-    "operations:confirm": rule(PEOPLE_A, "post"),
-    "operations:retry": rule(PEOPLE_A, "post"),
-    "operations:fail": rule(PEOPLE_A, "post"),
-    "operations:escalate": rule(PEOPLE_A, "post"),
-    "operations:compensate": rule(PEOPLE_A, "post"),
-    "operations:compensated": rule(PEOPLE_A, "post"),
+    # A reviewer reads an operation; support staff and admins act on it (ledger.support.ACT_ROLES).
+    "operations:query": rule(SUPPORT_A, "post"),
+    "operations:confirm": rule(SUPPORT_A, "post"),
+    "operations:retry": rule(SUPPORT_A, "post"),
+    "operations:fail": rule(SUPPORT_A, "post"),
+    "operations:escalate": rule(SUPPORT_A, "post"),
+    "operations:compensate": rule(SUPPORT_A, "post"),
+    "operations:compensated": rule(SUPPORT_A, "post"),
     "runs:list": rule(PEOPLE),
     "runs:detail": rule(PEOPLE_A),
     "runs:trace": rule(PEOPLE_A),
-    "runs:control": rule(PEOPLE_A, "post"),
+    "runs:control": rule(SUPPORT_A, "post"),
     "stops:page": rule(PEOPLE),
     "stops:create": rule(PEOPLE, "post"),  # a stop of the principal's own tenant
-    "stops:resume": rule(PEOPLE_A, "post"),
+    "stops:resume": rule({ADMIN}, "post"),  # an agent's stop: its tenant's admins only
     # Tools are shared configuration: any person may read one; its use (agents, operations) is
     # shown for the person's own tenants only, so tenant B's people see none of tenant A's.
     "tools:detail": rule(PEOPLE),
@@ -93,7 +98,7 @@ MATRIX: dict[str, Rule] = {
     "api-tool-list": rule({AGENT, B_AGENT}),
     "api-call-get": rule({AGENT}),
     "api-stops": rule(PEOPLE),
-    "api-stop-resume": rule(PEOPLE_A, "post"),
+    "api-stop-resume": rule({ADMIN}, "post"),
     "otlp-traces": rule({AGENT, B_AGENT}, "post"),  # spans of the agent's own tenant
     "metrics": rule(set()),  # its bearer token only, which no principal here holds
     "worker-health": rule(set()),
@@ -117,6 +122,15 @@ def refused(response) -> bool:
     if response.status_code in (401, 403, 404):
         return True
     return response.status_code == 302 and "login" in response.headers.get("Location", "")
+
+
+def refused_post(response) -> bool:
+    """`refused`, except that a redirect to the login page is a refusal only when it asks to come
+    back (`next=`): logging out succeeds by sending the person to the login page."""
+    if response.status_code in (401, 403, 404):
+        return True
+    location = response.headers.get("Location", "")
+    return response.status_code == 302 and "login" in location and "next=" in location
 
 
 def all_patterns(patterns=None, prefix: str = "", namespace: str = ""):
@@ -151,6 +165,7 @@ def world(agent, outsider_agent, tenant, other_tenant):
         "api-call-propose": call_body(run),
         "api-task-transition": {"to": "waiting", "expected_version": run.version, "fencing_token": run.fencing_token},
         "api-task-lease": {"owner": "matrix", "ttl_seconds": 60},
+        "approvals:reject": {"reason": "matrix"},  # a form: without its reason, a 400 before the role check
     }
     return people, kwargs, bodies
 
@@ -201,8 +216,10 @@ def test_every_principal_a_url_does_not_admit_is_refused_and_every_admitted_one_
             if rule_.method == "post" and route.startswith(("api/", "v1/")):
                 # A JSON body, so the API reaches its authorization and not a 415 before it.
                 response = client.post(url, data=json.dumps(bodies.get(name, {})), content_type="application/json")
+            elif rule_.method == "post":
+                response = client.post(url, bodies.get(name, {}))
             else:
-                response = getattr(client, rule_.method)(url)
+                response = client.get(url)
             if principal not in rule_.admitted:
                 if not refused(response):
                     failures.append(f"{rule_.method.upper()} {url} as {principal}: {response.status_code}")
@@ -217,6 +234,63 @@ def test_every_principal_a_url_does_not_admit_is_refused_and_every_admitted_one_
                     failures.append(f"GET {url} as {principal} shows tenant A's {leaked}")
 
     assert failures == []
+
+
+def csrf_client_for(principal: str, people) -> Client:
+    """`client_for`, with CSRF checks on and a valid token (cookie and header), as a browser sends it."""
+    token = _get_new_csrf_string()
+    headers = {"HTTP_X_CSRFTOKEN": token}
+    if principal in (AGENT, B_AGENT):
+        headers["HTTP_AUTHORIZATION"] = f"Bearer {AGENT_TOKEN if principal == AGENT else OUTSIDER_TOKEN}"
+    client = Client(enforce_csrf_checks=True, **headers)
+    client.cookies[settings.CSRF_COOKIE_NAME] = token
+    if principal not in (ANON, AGENT, B_AGENT):
+        client.force_login(people[principal])
+    return client
+
+
+def post(client: Client, route: str, name: str | None, url: str, bodies) -> object:
+    if route.startswith(("api/", "v1/")):
+        # A JSON body, so the API reaches its authorization and not a 415 before it.
+        return client.post(url, data=json.dumps(bodies.get(name, {})), content_type="application/json")
+    return client.post(url, bodies.get(name, {}))  # mostly an empty form: invalid, or an action that needs nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_principal_a_post_route_admits_is_not_refused_by_authorization(world):
+    """The admitted side of every POST route: each admitted principal's POST, with a CSRF token
+    as the page would send it, gets past authentication, the CSRF check and authorization — an
+    empty or invalid form may be a 400 or the page again, never 401/403/404 or the login page.
+    (Some act: a stop is resumed, a run paused, a session ended; later principals may then get
+    a 409 for the same object, which is not a refusal either.)"""
+    people, kwargs, bodies = world
+    failures, sent = [], 0
+    for route, name in all_patterns():
+        rule_ = classify(route, name)
+        if rule_.method != "post":
+            continue
+        url = url_of(route, name, kwargs)
+        for principal in sorted(rule_.admitted):
+            response = post(csrf_client_for(principal, people), route, name, url, bodies)
+            sent += 1
+            if refused_post(response):
+                failures.append(f"POST {url} as {principal} (admitted): {response.status_code}")
+
+    assert sent > 40  # every POST route's admitted principals were sent
+    assert failures == [], "\n".join(failures)
+
+
+@pytest.mark.django_db
+def test_a_sessions_post_without_its_csrf_token_is_refused(world):
+    """The control for the test above: the CSRF check is on, so the token it sends is what gets
+    the POSTs in."""
+    people, kwargs, _ = world
+    client = csrf_client_for(ADMIN, people)
+    del client.defaults["HTTP_X_CSRFTOKEN"]
+
+    response = client.post(fill("operations/<str:operation_id>/retry/", kwargs))
+
+    assert response.status_code == 403
 
 
 # The websocket routes (console/routing.py), by route: who may open a socket. A person of any

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db.models import Q, QuerySet
 
 from console.models import Event, EventChainHead
 
@@ -75,9 +76,31 @@ class Break:
         return f"{self.chain}: {self.what} at {where}: {self.detail}"
 
 
-def verify_chain(tenant_id: int | None) -> Break | None:
+VERIFY_CHUNK = 2000
+
+
+def _pages(events: QuerySet[Event], chunk_size: int) -> Iterator[Event]:
+    """The chain's rows in (chain_seq, id) order, `chunk_size` at a time, each page a query of
+    its own that starts after the last row of the one before (keyset pagination): memory stays
+    flat however long the chain, and no cursor stays open between pages. (A server-side cursor
+    opened outside a transaction is WITH HOLD, which PostgreSQL materializes whole.)"""
+    after = events  # the first page from the very first row, whatever its number
+    while True:
+        page = list(after.order_by("chain_seq", "id")[:chunk_size])
+        yield from page
+        if len(page) < chunk_size:
+            return
+        last = page[-1]
+        # (chain_seq, id) > last's, written so that both databases range-scan the chain's index
+        # on chain_seq (the OR alone would make SQLite scan the whole chain for every page).
+        after = events.filter(chain_seq__gte=last.chain_seq).filter(
+            Q(chain_seq__gt=last.chain_seq) | Q(id__gt=last.id))
+
+
+def verify_chain(tenant_id: int | None, *, chunk_size: int = VERIFY_CHUNK) -> Break | None:
     """The first broken link of one chain, or None when every row hashes to what it says, each
-    names the hash of the one before, the sequence has no gap or repeat and the head agrees."""
+    names the hash of the one before, the sequence has no gap or repeat and the head agrees.
+    Reads the chain `chunk_size` rows at a time."""
     chain = chain_of(tenant_id)
     events = Event.objects.filter(tenant_id=tenant_id) if tenant_id is not None else Event.objects.filter(
         tenant__isnull=True)
@@ -85,7 +108,7 @@ def verify_chain(tenant_id: int | None) -> Break | None:
     if unchained is not None:
         return Break(chain, unchained.id, "inserted", "a row the sealing trigger never saw")
     expected_seq, prev = 1, ""
-    for row in events.order_by("chain_seq", "id").iterator(chunk_size=2000):
+    for row in _pages(events.filter(chain_seq__isnull=False), chunk_size):
         if row.chain_seq < expected_seq:
             return Break(chain, row.id, "inserted", f"a second row numbered {row.chain_seq}")
         if row.chain_seq > expected_seq:

@@ -107,3 +107,18 @@ def as_json(value: Any) -> str:
     """A value as JSON, indented, keys in the order they were sent, non-ASCII as itself (the
     hidden characters among it are for `reveal_html` to show)."""
     return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON has no longer escape: a surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def json_escaping_hidden(value: Any) -> str:
+    """`value` as JSON text for a person to edit and submit: hidden characters written as JSON
+    escapes (`\\u202e`), which parse back to the very same characters, so the text shows them
+    and the value it stands for is unchanged. Everything else as `as_json` writes it."""
+    return "".join(_json_escape(char) if is_hidden(char) else char for char in as_json(value))

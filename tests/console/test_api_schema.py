@@ -35,3 +35,77 @@ def test_the_schema_renders_and_lists_every_agent_endpoint():
     outcome = outcome.rsplit("/", 1)[1]
     assert schema["components"]["schemas"][outcome]["enum"] == [
         "dispatched", "awaiting_approval", "approved", "rejected", "refused", "expired", "cancelled"]
+
+
+# What the schema admits, the server takes: requests generated from the schema (tests/
+# test_api_schema_fuzz.py) found each of these documented more loosely than the server checks.
+
+def _schema() -> dict:
+    return Client().get("/api/schema/", {"format": "json"}).json()
+
+
+def _admits(schema: dict, part: dict, value) -> bool:
+    import jsonschema
+
+    document = {**part, "components": schema["components"]}
+    return jsonschema.Draft7Validator(document).is_valid(value)
+
+
+def _parameter(schema: dict, path: str, method: str, name: str) -> dict:
+    return next(p for p in schema["paths"][path][method]["parameters"] if p["name"] == name)
+
+
+@pytest.mark.django_db
+def test_the_schema_names_the_statuses_a_long_poll_takes_as_seen():
+    from ledger.selectors import CALL_STATUSES
+
+    schema = _schema()
+    seen = _parameter(schema, "/api/v1/calls/{call_id}", "get", "seen")["schema"]
+
+    assert _admits(schema, seen, "confirmed")
+    assert not _admits(schema, seen, "ï7")
+    assert set(seen["enum"]) == set(CALL_STATUSES)
+
+
+@pytest.mark.django_db
+def test_the_schema_admits_only_the_idempotency_keys_the_server_takes():
+    schema = _schema()
+    key = _parameter(schema, "/api/v1/tasks", "post", "Idempotency-Key")["schema"]
+
+    assert _admits(schema, key, "thread-1 step 2")
+    for refused in ("", " ", "é", "a\tb", "x" * 256):
+        assert not _admits(schema, key, refused), refused
+
+
+@pytest.mark.django_db
+def test_the_schema_requires_a_proposals_ids_unless_it_is_a_dry_run():
+    schema = _schema()
+    body = schema["paths"]["/api/v1/tasks/{task_id}/calls"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]
+    proposal = {"tool": "mail.send", "arguments": {}, "call_id": "c1", "step_id": "s1", "expected_version": 0,
+                "fencing_token": 1}
+
+    assert _admits(schema, body, proposal)
+    assert _admits(schema, body, {**proposal, "dry_run": False})
+    assert _admits(schema, body, {"tool": "mail.send", "arguments": {}, "dry_run": True})
+    assert not _admits(schema, body, {"tool": "mail.send", "arguments": {}})
+    assert not _admits(schema, body, {"tool": "mail.send", "arguments": {}, "dry_run": False})
+
+
+@pytest.mark.django_db
+def test_the_schema_admits_no_negative_wait():
+    schema = _schema()
+    wait = _parameter(schema, "/api/v1/calls/{call_id}", "get", "wait")["schema"]
+
+    assert _admits(schema, wait, 0) and _admits(schema, wait, 45.5)  # more than 30 is taken as 30
+    assert not _admits(schema, wait, -1.5)
+
+
+@pytest.mark.django_db
+def test_the_schema_admits_no_string_the_server_trims_to_nothing():
+    schema = _schema()
+    owner = schema["components"]["schemas"]["TaskLeaseInput"]["properties"]["owner"]
+
+    assert _admits(schema, owner, " worker-1 ")
+    for blank in ("\n", "  ", "\t\u3000", "\x1c"):
+        assert not _admits(schema, owner, blank), repr(blank)

@@ -182,3 +182,23 @@ def test_an_unknown_tenant_is_an_error(db):
 
     with pytest.raises(CommandError):
         call_command("audit_verify", "--tenant", "nobody")
+
+
+def test_a_chain_is_read_in_pages_of_bounded_size_and_a_break_across_pages_is_found(tenant):
+    """Memory stays flat however long the chain: pages by (chain_seq, id), never the whole chain
+    (a server-side cursor outside a transaction is materialized whole by PostgreSQL)."""
+    from django.test.utils import CaptureQueriesContext
+
+    events = some_events(tenant, n=10)
+    sealed()
+    with CaptureQueriesContext(connection) as queries:
+        assert audit.verify_chain(tenant.pk, chunk_size=3) is None
+    reads = [q["sql"] for q in queries.captured_queries
+             if 'FROM "ledger_event"' in q["sql"] and "chain_seq" in q["sql"] and "IS NULL" not in q["sql"]]
+
+    assert len(reads) >= 4 and all("LIMIT 3" in sql for sql in reads), reads
+
+    raw("DELETE FROM ledger_event WHERE id = %s", [events[4].pk])  # the second page's second row
+
+    assert audit.verify_chain(tenant.pk, chunk_size=3) == audit.Break(
+        f"tenant:{tenant.pk}", events[5].pk, "removed", "rows 5..5 are missing before this one")

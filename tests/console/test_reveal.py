@@ -3,6 +3,8 @@ visible escapes, international domains show their punycode, values show as JSON.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.template import Context, Template
 
@@ -46,3 +48,17 @@ def test_the_template_filters_escape_and_mark_up(db):
     assert html.startswith("&lt;i&gt;x<mark")
     # json.dumps keeps non-ASCII as is (ensure_ascii=False): the override is escaped by reveal.
     assert '&quot;a&quot;: &quot;<mark class="hidden-char" title="U+202E' in html
+
+
+@pytest.mark.parametrize("value", [
+    {"body": "a\u202eb\u200bc\u00a0d\x7fe", "to": ["x@y.test"]},
+    ["\U000e0041 tag", "\U0001f600 seen as itself", "\ud800 lone surrogate"],
+    {"k\u2066ey": [1, None, True, "plain"]},
+])
+def test_json_for_a_form_writes_hidden_characters_as_escapes_that_parse_back_exactly(value):
+    from console.lib.reveal import hidden_characters, json_escaping_hidden
+
+    text = json_escaping_hidden(value)
+
+    assert hidden_characters(text) == []
+    assert json.loads(text) == value

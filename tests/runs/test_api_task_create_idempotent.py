@@ -114,3 +114,15 @@ def test_a_finished_task_found_by_its_key_takes_no_lease(api):
     assert_error(create(api, {**CONTRACT, "lease": LEASE}, key="thread-7f3a"), 409, "conflict")
     again = create(api, CONTRACT, key="thread-7f3a")
     assert (again.status_code, again.json()["status"]) == (200, "cancelled")
+
+
+# Found by tests/test_api_schema_fuzz.py: a key's contract is hashed canonically (RFC 8785), which
+# has no form for an integer beyond 2^53; such a contract was a 500.
+@pytest.mark.parametrize("key", [None, "thread-7f3a"])
+def test_a_contract_canonical_json_cannot_hold_is_400_with_or_without_a_key(api, key):
+    body = {**CONTRACT, "constraints": {"n": -171994511416989950510341554176}}
+
+    error = assert_error(create(api, body, key=key), 400, "invalid")
+
+    assert "constraints" in error["details"]["fields"]
+    assert Task.objects.count() == 0
