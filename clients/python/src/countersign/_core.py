@@ -17,6 +17,7 @@ from countersign.errors import (
     Expired,
     Failed,
     LeaseLost,
+    NotFinal,
     OutcomeUnknown,
     Refused,
     Rejected,
@@ -132,6 +133,20 @@ def next_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict
         return None
     wait = POLL_SECONDS if left is None else max(1, min(POLL_SECONDS, int(left)))
     return {"task_id": task_id, "wait": wait, "seen": answer["status"]}
+
+
+def awaiting_approval(answer: dict[str, Any]) -> bool:
+    return not answer.get("final") and (answer.get("decision") or {}).get("outcome") == "awaiting_approval"
+
+
+def next_decision_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict[str, Any] | None:
+    """The query of the next long-poll while a call waits for a person, or None once it is
+    decided; NotFinal when the caller's deadline passed first."""
+    if not awaiting_approval(answer):
+        return None
+    if until is not None and time.monotonic() >= until:
+        raise NotFinal(answer)
+    return {"task_id": task_id, "wait": POLL_SECONDS, "seen": answer["status"]}
 
 
 class TaskState:

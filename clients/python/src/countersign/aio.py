@@ -103,6 +103,15 @@ class AsyncTask(_core.TaskState):
             answer = await self.client.request("GET", _core.call_path(call_id), params=params)
         return answer
 
+    async def wait_decided(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Long-polls the call until a person decided it (or it never needed one); NotFinal when
+        `timeout` passes first."""
+        until = _core.deadline(timeout)
+        answer = await self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
+        while (params := _core.next_decision_poll(self.task_id, answer, until)) is not None:
+            answer = await self.client.request("GET", _core.call_path(call_id), params=params)
+        return answer
+
     async def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str,
                           call_id: str | None = None, timeout: float | None = None) -> dict[str, Any]:
         proposed = await self.propose(tool, arguments, step_id=step_id, call_id=call_id)
