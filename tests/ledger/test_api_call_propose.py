@@ -75,9 +75,9 @@ def test_a_stale_version_is_409(api, running_task):
     assert not Operation.objects.exists()
 
 
-def test_a_stale_fencing_token_is_409(api, running_task):
+def test_a_stale_fencing_token_is_409_with_its_own_code(api, running_task):
     response = api.post(url(running_task.task_id), call_body(running_task, fencing_token=41), format="json")
-    assert_error(response, 409, "conflict")
+    assert assert_error(response, 409, "stale_fencing_token")["details"]["fencing_token"] == 41
 
 
 def test_a_call_that_needs_approval_waits(api, running_task):

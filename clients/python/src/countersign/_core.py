@@ -21,6 +21,8 @@ from countersign.errors import (
     OutcomeUnknown,
     Refused,
     Rejected,
+    StaleFencingToken,
+    TaskFinished,
 )
 
 API = "/api/v1"
@@ -112,10 +114,25 @@ def lease_error(error: ApiError) -> Exception:
 
 
 def fenced(error: ApiError) -> Exception:
-    """A 409 naming the current fencing token: a newer holder of the lease (this agent's own
-    restart, or another owner after expiry) replaced this process."""
-    if error.status == 409 and {"fencing_token", "current"} <= set(error.details):
-        return LeaseLost(error.message)
+    """The server's `stale_fencing_token`: a newer holder of the lease (this agent's own restart,
+    or another owner after expiry) replaced this process."""
+    if error.code == "stale_fencing_token":
+        return StaleFencingToken(error.message, current=error.details.get("current"))
+    return error
+
+
+# A task in these statuses takes no lease: the agent's part is over.
+FINISHED = {"verifying", "succeeded", "failed", "cancelled"}
+
+
+def by_key_request(key: str) -> tuple[str, dict[str, Any]]:
+    return f"{API}/tasks", {"idempotency_key": key}
+
+
+def finished_or(error: ApiError, task: dict[str, Any] | None) -> Exception:
+    """Why a start under a key was refused: the task is finished, or `error` as it was."""
+    if task is not None and task.get("status") in FINISHED:
+        return TaskFinished(task)
     return error
 
 

@@ -38,11 +38,25 @@ class AsyncClient:
                          owner: str | None = None, ttl_seconds: int = 300, renew: bool = True) -> AsyncTask:
         body = _core.start_body(task_type=task_type, goal=goal, inputs=inputs, constraints=constraints,
                                 success_criteria=success_criteria, owner=owner or key, ttl_seconds=ttl_seconds)
-        answer = await self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        try:
+            answer = await self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            raise _core.finished_or(error, await self.task_by_key(key)) from error
         task = AsyncTask(self, answer, owner=owner or key, ttl_seconds=ttl_seconds)
         if renew:
             task.start_renewing()
         return task
+
+    async def task_by_key(self, key: str) -> dict[str, Any] | None:
+        path, params = _core.by_key_request(key)
+        try:
+            return await self.request("GET", path, params=params)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
 
     async def tools(self) -> list[dict[str, Any]]:
         return (await self.request("GET", f"{_core.API}/tools"))["tools"]
