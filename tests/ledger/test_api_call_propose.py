@@ -28,7 +28,7 @@ def test_a_new_call_is_created_and_dispatched(api, running_task):
         "decision": {"outcome": "dispatched", "by": "system:gate", "reason": None, "approvals_given": 0,
                      "approvals_needed": 0, "expires_at": None, "url": None},
         "final": False, "status": "authorized", "approval_id": None, "reasons": ["payments.refund: base tier L1"],
-        "risk_tier": 1, "approvals_needed": 0, "task_id": running_task.task_id, "task_version": 3,
+        "risk_tier": 1, "approvals_needed": 0, "task_id": running_task.task_id, "task_version": 3, "result": None,
     }
 
 

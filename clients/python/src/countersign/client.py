@@ -134,15 +134,6 @@ class Task(_core.TaskState):
             answer = self.client.request("GET", _core.call_path(call_id), params=params)
         return answer
 
-    def wait_decided(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        """Long-polls the call until a person decided it (or it never needed one); NotFinal when
-        `timeout` passes first. The answer's `decision.outcome` says what was decided."""
-        until = _core.deadline(timeout)
-        answer = self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
-        while (params := _core.next_decision_poll(self.task_id, answer, until)) is not None:
-            answer = self.client.request("GET", _core.call_path(call_id), params=params)
-        return answer
-
     def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
                     timeout: float | None = None) -> dict[str, Any]:
         """Proposes and waits; the last answer, final unless `timeout` passed."""
