@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' -e './clients/python[langgraph]'  # the agent client and its tests
+	$(PY) -m pip install --quiet -e '.[dev]' -e './clients/python[langgraph,openai-agents]'  # the agent client and its tests
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -259,6 +259,8 @@ class CallProposeApi(APIView):
         approvals_needed = serializers.IntegerField()
         task_id = serializers.CharField()
         task_version = serializers.IntegerField(help_text="The task's version now (proposing does not move it).")
+        result = serializers.JSONField(allow_null=True,
+                                       help_text="The operation's result once it has one (a repeat of a call that ran).")
 
         class Meta:
             ref_name = "CallProposeOutput"

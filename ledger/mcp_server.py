@@ -42,6 +42,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
 from rest_framework.renderers import JSONRenderer
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -239,12 +240,20 @@ def _describe(tool: Tool) -> str:
     return f"{tool.description} {tier}".strip()
 
 
+async def _no_discover(ctx, params) -> types.DiscoverResult:
+    raise MCPError(types.METHOD_NOT_FOUND, "server/discover: this server speaks the initialize handshake only")
+
+
 class McpServer:
     """The MCP handlers and the ASGI app mounted at /mcp (`console.asgi`)."""
 
     def __init__(self) -> None:
         self.sessions = _Sessions()
         self.server = Server("countersign", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        # A session is a task here, so only the initialize handshake (which opens one) will do.
+        # Answering `server/discover` would let a client choose the sessionless protocol, whose
+        # tool calls could belong to no task; refused, every client falls back to the handshake.
+        self.server.add_request_handler("server/discover", types.RequestParams, _no_discover)
         self.manager = StreamableHTTPSessionManager(app=self.server)
 
     # -- handlers

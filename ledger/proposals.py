@@ -73,6 +73,7 @@ class Proposal:
     reasons: tuple[str, ...] = ()
     risk_tier: int | None = None
     approvals_needed: int = 0
+    result: Any = None  # the operation's result, once it has one (a repeat of a call that ran)
     created: bool = False  # this proposal created the operation (HTTP 201)
     repeat: bool = False  # answered from the ledger for a call ID seen before
 
@@ -422,7 +423,7 @@ def _answer(operation: Operation, *, task: Task, call_id: str, repeat: bool = Fa
         approval_id=approval.approval_id if approval is not None else None,
         reasons=tuple(reasons), risk_tier=operation.risk_tier,
         approvals_needed=approval.approvals_needed if approval is not None else 0,
-        repeat=repeat, outcome=operation_outcome(operation, approval),
+        repeat=repeat, outcome=operation_outcome(operation, approval), result=operation.result,
     )
 
 

@@ -25,7 +25,7 @@ from console.api import (
 from ledger import decisions, starts
 from runs import services
 from runs.models import TaskStatus
-from runs.selectors import task_for_principal, task_lease
+from runs.selectors import task_by_idempotency_key, task_for_principal, task_lease
 
 TASK_STATUSES = "One of: " + ", ".join(TaskStatus.values) + "."
 
@@ -112,11 +112,12 @@ IDEMPOTENCY_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": IDEMPOT
 def idempotency_key(request) -> str:
     """The Idempotency-Key header: absent is no key; present, 1 to 255 printable ASCII characters."""
     key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return ""
+    return "" if key is None else checked_key(key, field="Idempotency-Key")
+
+
+def checked_key(key: str, *, field: str) -> str:
     if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX or not all(" " <= ch <= "~" for ch in key):
-        raise serializers.ValidationError(
-            {"Idempotency-Key": [f"1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters."]})
+        raise serializers.ValidationError({field: [f"1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters."]})
     return key
 
 
@@ -193,6 +194,19 @@ class TaskCreateApi(APIView):
         task.lease = start.lease
         return Response(self.OutputSerializer(task).data,
                         status=status.HTTP_201_CREATED if start.created else status.HTTP_200_OK)
+
+    @extend_schema(
+        operation_id="task_get_by_key", summary="Read the task registered under an Idempotency-Key",
+        description="The task this agent registered with `Idempotency-Key: K`, in whatever status, without a "
+                    "lease: a restarted agent learns that its task is finished (a start with `lease` is 409 then).",
+        parameters=[OpenApiParameter("idempotency_key", OpenApiTypes.STR, OpenApiParameter.QUERY, required=True,
+                                     description="1 to 255 printable ASCII characters.")],
+        responses={200: TaskOutputSerializer, **errors(400, 401, 404)},
+    )
+    def get(self, request):
+        key = checked_key(request.query_params.get("idempotency_key", ""), field="idempotency_key")
+        task = task_by_idempotency_key(principal=request.user, idempotency_key=key)
+        return Response(TaskOutputSerializer(task).data)
 
 
 class TaskGetApi(APIView):

@@ -11,7 +11,14 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from console.lib.canonical import sha256_hex
-from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound, NotPermitted
+from console.lib.errors import (
+    Conflict,
+    IntentMismatch,
+    InvalidInput,
+    NotFound,
+    NotPermitted,
+    StaleFencingToken,
+)
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
 from console.models import AgentPrincipal, Event
@@ -106,7 +113,7 @@ def check_fencing_token(task: Task, fencing_token: int | None, *, locked_lease: 
     if lease is None:
         raise Conflict("The task has no lease; acquire one first.", details={"task_id": task.task_id})
     if fencing_token != lease.fencing_token:
-        raise Conflict(
+        raise StaleFencingToken(
             "Stale fencing token: another worker holds the task now.",
             details={"task_id": task.task_id, "fencing_token": fencing_token, "current": lease.fencing_token},
         )

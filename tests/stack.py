@@ -21,7 +21,8 @@ TERMINAL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual",
 
 
 class FullStack:
-    def __init__(self, *, worker_queues: str = "fast,slow", env: dict[str, str] | None = None) -> None:
+    def __init__(self, *, worker_queues: str = "fast,slow", env: dict[str, str] | None = None,
+                 beat: bool = False) -> None:
         self.var = Path(tempfile.mkdtemp(prefix="countersign-stack-"))
         self.worker_queues = worker_queues
         self.extra_env = env or {}
@@ -29,6 +30,9 @@ class FullStack:
         self.mail: SandboxProcess | None = None
         self.server: AsgiServer | None = None
         self.worker: Child | None = None
+        # Beat, for tests that need the sweeper's schedule (reconciliation of unknown outcomes).
+        self.beat: Child | None = None
+        self.with_beat = beat
 
     def start(self) -> FullStack:
         # Longer than the tools' 5 s client timeout, so a "timeout" fault really times out.
@@ -50,6 +54,10 @@ class FullStack:
                                              self.worker_queues, "-c", "2", "-l", "warning",
                                              "-n", f"stack-{os.getpid()}@%h"], env=env)
         self.worker.start(log_dir=REPO / "artifacts" / "logs")
+        if self.with_beat:
+            self.beat = Child("stack-beat", [sys.executable, "-m", "celery", "-A", "console", "beat", "-l", "warning",
+                                             "-s", str(self.var / "celerybeat-schedule")], env=env)
+            self.beat.start(log_dir=REPO / "artifacts" / "logs")
         self.server = AsgiServer(env=env).start()
         wait_until(lambda: self.worker.alive, timeout=5, what="the worker")
         return self
@@ -59,7 +67,7 @@ class FullStack:
         return self.server.url
 
     def stop(self) -> None:
-        for part in (self.server, self.worker, self.payments, self.mail):
+        for part in (self.server, self.beat, self.worker, self.payments, self.mail):
             if part is not None:
                 part.stop()
 

@@ -33,6 +33,13 @@ class Conflict(DomainError):
     code, status = "conflict", 409
 
 
+class StaleFencingToken(Conflict):
+    """Another holder of the task's lease took it since this token was granted: the caller may
+    no longer act for the task (details: `fencing_token` sent, `current`)."""
+
+    code = "stale_fencing_token"
+
+
 class IllegalTransition(Conflict):
     code = "illegal_transition"
 

@@ -16,6 +16,8 @@ from countersign import (
     LeaseLost,
     Refused,
     Rejected,
+    StaleFencingToken,
+    TaskFinished,
     link_span,
 )
 
@@ -119,6 +121,31 @@ def test_a_restart_with_the_same_key_continues_the_task_and_gets_the_same_operat
     assert len(effects(stack, after["operation_id"])) == 1
 
 
+def test_a_repeated_proposal_of_a_call_that_ran_carries_its_result(stack, client):
+    task = client.start_task(key="thread-repeat", **CONTRACT)
+    result = task.call("payments.refund", refund("ord-8", 30), step_id="refund-ord-8")
+
+    again = task.propose("payments.refund", refund("ord-8", 30), step_id="refund-ord-8")
+    assert again["status"] == "confirmed" and again["final"]
+    assert again["result"] == result and result is not None
+    task.close()
+
+
+def test_a_restart_after_finish_learns_that_its_task_is_finished(stack, client):
+    task = client.start_task(key="thread-finished", **CONTRACT)
+    task.call("payments.refund", refund("ord-9", 30), step_id="refund-ord-9")
+    task.finish(evidence={"refunded": "ord-9"})
+
+    with Client(stack.url, AGENT_TOKEN) as restarted:
+        with pytest.raises(TaskFinished) as finished:
+            restarted.start_task(key="thread-finished", **CONTRACT)
+        assert finished.value.task["task_id"] == task.task_id
+        assert finished.value.task["status"] in {"verifying", "succeeded", "failed"}
+        assert restarted.task_by_key("thread-finished")["task_id"] == task.task_id
+        assert restarted.task_by_key("thread-never-started") is None
+    judged(task.task_id)
+
+
 def test_tools_lists_what_the_agent_may_call_with_its_schema(client):
     tools = {tool["name"]: tool for tool in client.tools()}
     assert tools["payments.refund"]["input_schema"]["required"] == ["order_id", "amount", "currency", "reason"]
@@ -173,9 +200,10 @@ def test_a_process_replaced_by_its_restart_gets_lease_lost(stack, client):
     with Client(stack.url, AGENT_TOKEN) as restarted:
         successor = restarted.start_task(key="thread-replaced", **CONTRACT, renew=False)
 
-        with pytest.raises(LeaseLost):
+        with pytest.raises(StaleFencingToken) as stale:
             replaced.call("payments.refund", refund("ord-7", 30), step_id="refund-ord-7")
-        with pytest.raises(LeaseLost):
+        assert stale.value.current == successor.fencing_token and isinstance(stale.value, LeaseLost)
+        with pytest.raises(StaleFencingToken):
             replaced.fail("gave up")
         successor.fail("the test is over")
 

@@ -28,7 +28,7 @@ def test_a_new_call_is_created_and_dispatched(api, running_task):
         "decision": {"outcome": "dispatched", "by": "system:gate", "reason": None, "approvals_given": 0,
                      "approvals_needed": 0, "expires_at": None, "url": None},
         "final": False, "status": "authorized", "approval_id": None, "reasons": ["payments.refund: base tier L1"],
-        "risk_tier": 1, "approvals_needed": 0, "task_id": running_task.task_id, "task_version": 3,
+        "risk_tier": 1, "approvals_needed": 0, "task_id": running_task.task_id, "task_version": 3, "result": None,
     }
 
 
@@ -75,9 +75,9 @@ def test_a_stale_version_is_409(api, running_task):
     assert not Operation.objects.exists()
 
 
-def test_a_stale_fencing_token_is_409(api, running_task):
+def test_a_stale_fencing_token_is_409_with_its_own_code(api, running_task):
     response = api.post(url(running_task.task_id), call_body(running_task, fencing_token=41), format="json")
-    assert_error(response, 409, "conflict")
+    assert assert_error(response, 409, "stale_fencing_token")["details"]["fencing_token"] == 41
 
 
 def test_a_call_that_needs_approval_waits(api, running_task):

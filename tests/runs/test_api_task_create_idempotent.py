@@ -82,7 +82,7 @@ def test_trap_the_restarted_agent_gets_its_task_back_leased_with_a_new_token(api
     assert body["fencing_token"] > first["fencing_token"]
     stale = api.post(f"/api/v1/tasks/{body['task_id']}/transition", {
         "to": "failed", "expected_version": body["version"], "fencing_token": first["fencing_token"]}, format="json")
-    assert_error(stale, 409, "conflict")
+    assert_error(stale, 409, "stale_fencing_token")
     assert Task.objects.count() == 1
 
 

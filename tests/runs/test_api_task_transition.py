@@ -40,11 +40,13 @@ def test_a_stale_version_is_a_conflict(api, leased):
     assert Task.objects.get(pk=task.pk).status == "queued"
 
 
-def test_a_stale_fencing_token_is_a_conflict(api, leased):
+def test_a_stale_fencing_token_is_a_conflict_with_its_own_code(api, leased):
     task, token = leased
     response = api.post(url(task.task_id), {"to": "planning", "expected_version": 1, "fencing_token": token + 1},
                         format="json")
-    assert "fencing token" in assert_error(response, 409, "conflict")["message"]
+    error = assert_error(response, 409, "stale_fencing_token")
+    assert "fencing token" in error["message"]
+    assert error["details"] == {"task_id": task.task_id, "fencing_token": token + 1, "current": token}
 
 
 def test_an_illegal_move_is_a_conflict(api, leased):

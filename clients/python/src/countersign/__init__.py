@@ -15,11 +15,13 @@ from countersign.errors import (
     OutcomeUnknown,
     Refused,
     Rejected,
+    StaleFencingToken,
+    TaskFinished,
 )
 from countersign.otel import link_span
 
 __all__ = [
     "ApiError", "AsyncClient", "AsyncTask", "CallError", "Cancelled", "Client", "CountersignError",
     "CountersignUnavailable", "Expired", "Failed", "LeaseLost", "NotFinal", "OutcomeUnknown", "Refused",
-    "Rejected", "Task", "link_span",
+    "Rejected", "StaleFencingToken", "Task", "TaskFinished", "link_span",
 ]

@@ -17,9 +17,12 @@ from countersign.errors import (
     Expired,
     Failed,
     LeaseLost,
+    NotFinal,
     OutcomeUnknown,
     Refused,
     Rejected,
+    StaleFencingToken,
+    TaskFinished,
 )
 
 API = "/api/v1"
@@ -111,10 +114,25 @@ def lease_error(error: ApiError) -> Exception:
 
 
 def fenced(error: ApiError) -> Exception:
-    """A 409 naming the current fencing token: a newer holder of the lease (this agent's own
-    restart, or another owner after expiry) replaced this process."""
-    if error.status == 409 and {"fencing_token", "current"} <= set(error.details):
-        return LeaseLost(error.message)
+    """The server's `stale_fencing_token`: a newer holder of the lease (this agent's own restart,
+    or another owner after expiry) replaced this process."""
+    if error.code == "stale_fencing_token":
+        return StaleFencingToken(error.message, current=error.details.get("current"))
+    return error
+
+
+# A task in these statuses takes no lease: the agent's part is over.
+FINISHED = {"verifying", "succeeded", "failed", "cancelled"}
+
+
+def by_key_request(key: str) -> tuple[str, dict[str, Any]]:
+    return f"{API}/tasks", {"idempotency_key": key}
+
+
+def finished_or(error: ApiError, task: dict[str, Any] | None) -> Exception:
+    """Why a start under a key was refused: the task is finished, or `error` as it was."""
+    if task is not None and task.get("status") in FINISHED:
+        return TaskFinished(task)
     return error
 
 
@@ -132,6 +150,20 @@ def next_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict
         return None
     wait = POLL_SECONDS if left is None else max(1, min(POLL_SECONDS, int(left)))
     return {"task_id": task_id, "wait": wait, "seen": answer["status"]}
+
+
+def awaiting_approval(answer: dict[str, Any]) -> bool:
+    return not answer.get("final") and (answer.get("decision") or {}).get("outcome") == "awaiting_approval"
+
+
+def next_decision_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict[str, Any] | None:
+    """The query of the next long-poll while a call waits for a person, or None once it is
+    decided; NotFinal when the caller's deadline passed first."""
+    if not awaiting_approval(answer):
+        return None
+    if until is not None and time.monotonic() >= until:
+        raise NotFinal(answer)
+    return {"task_id": task_id, "wait": POLL_SECONDS, "seen": answer["status"]}
 
 
 class TaskState:

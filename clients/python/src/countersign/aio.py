@@ -38,11 +38,25 @@ class AsyncClient:
                          owner: str | None = None, ttl_seconds: int = 300, renew: bool = True) -> AsyncTask:
         body = _core.start_body(task_type=task_type, goal=goal, inputs=inputs, constraints=constraints,
                                 success_criteria=success_criteria, owner=owner or key, ttl_seconds=ttl_seconds)
-        answer = await self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        try:
+            answer = await self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            raise _core.finished_or(error, await self.task_by_key(key)) from error
         task = AsyncTask(self, answer, owner=owner or key, ttl_seconds=ttl_seconds)
         if renew:
             task.start_renewing()
         return task
+
+    async def task_by_key(self, key: str) -> dict[str, Any] | None:
+        path, params = _core.by_key_request(key)
+        try:
+            return await self.request("GET", path, params=params)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
 
     async def tools(self) -> list[dict[str, Any]]:
         return (await self.request("GET", f"{_core.API}/tools"))["tools"]
@@ -100,6 +114,15 @@ class AsyncTask(_core.TaskState):
         until = _core.deadline(timeout)
         answer = await self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
         while (params := _core.next_poll(self.task_id, answer, until)) is not None:
+            answer = await self.client.request("GET", _core.call_path(call_id), params=params)
+        return answer
+
+    async def wait_decided(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Long-polls the call until a person decided it (or it never needed one); NotFinal when
+        `timeout` passes first."""
+        until = _core.deadline(timeout)
+        answer = await self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
+        while (params := _core.next_decision_poll(self.task_id, answer, until)) is not None:
             answer = await self.client.request("GET", _core.call_path(call_id), params=params)
         return answer
 

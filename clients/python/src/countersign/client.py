@@ -39,10 +39,16 @@ class Client:
                    constraints: dict | None = None, success_criteria: list | None = None,
                    owner: str | None = None, ttl_seconds: int = 300, renew: bool = True) -> Task:
         """Registers the task (or finds the one registered under `key`), leased and running. Use
-        a key that survives a restart (the framework's thread ID); the owner defaults to it."""
+        a key that survives a restart (the framework's thread ID); the owner defaults to it.
+        TaskFinished when the task under `key` is already finished (it takes no lease)."""
         body = _core.start_body(task_type=task_type, goal=goal, inputs=inputs, constraints=constraints,
                                 success_criteria=success_criteria, owner=owner or key, ttl_seconds=ttl_seconds)
-        answer = self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        try:
+            answer = self.request("POST", f"{_core.API}/tasks", json=body, headers={"Idempotency-Key": key})
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            raise _core.finished_or(error, self.task_by_key(key)) from error
         task = Task(self, answer, owner=owner or key, ttl_seconds=ttl_seconds)
         if renew:
             task.start_renewing()
@@ -50,6 +56,17 @@ class Client:
 
     def task(self, task_id: str) -> dict[str, Any]:
         return self.request("GET", f"{_core.API}/tasks/{task_id}")
+
+    def task_by_key(self, key: str) -> dict[str, Any] | None:
+        """The task registered under this Idempotency-Key, in whatever status (no lease taken),
+        or None: how a restarted agent learns its task is already finished."""
+        path, params = _core.by_key_request(key)
+        try:
+            return self.request("GET", path, params=params)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
 
     def tools(self) -> list[dict[str, Any]]:
         """The tools this agent may call, with the JSON Schema of their arguments."""

@@ -27,6 +27,26 @@ class LeaseLost(CountersignError):
     """Another owner holds the task's lease: this process may no longer act for the task."""
 
 
+class StaleFencingToken(LeaseLost):
+    """A proposal or commit carried a fencing token the server no longer accepts: a newer holder
+    of the lease (this agent's own restart, or another owner after expiry) replaced this process.
+    `current` is the token in force."""
+
+    def __init__(self, message: str, *, current: int | None) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+class TaskFinished(CountersignError):
+    """The task registered under this key is finished (handed to its verifier, succeeded, failed
+    or cancelled) and takes no lease: a restart has nothing left to do for it. `task` is the task
+    as `GET /api/v1/tasks?idempotency_key=` reads it."""
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        super().__init__(f"task {task.get('task_id')} is {task.get('status')}")
+        self.task = task
+
+
 class CallError(CountersignError):
     """A call that ended without running to a result. `answer` is the server's last call answer."""
 

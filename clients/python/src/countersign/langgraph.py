@@ -12,7 +12,6 @@ re-runs the node, which re-proposes the same calls and waits for them to be fina
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -135,11 +134,8 @@ def resume_when_decided(graph: Any, config: RunnableConfig, client: Client, *,
 
 def wait_for_decision(client: Client, task_id: str, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
     """Long-polls the call until it is no longer awaiting approval."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    until = _core.deadline(timeout)
     answer = client.request("GET", _core.call_path(call_id), params={"task_id": task_id, "wait": 0})
-    while not answer["final"] and answer["decision"]["outcome"] == "awaiting_approval":
-        if deadline is not None and time.monotonic() >= deadline:
-            raise NotFinal(answer)
-        answer = client.request("GET", _core.call_path(call_id), params={
-            "task_id": task_id, "wait": _core.POLL_SECONDS, "seen": answer["status"]})
+    while (params := _core.next_decision_poll(task_id, answer, until)) is not None:
+        answer = client.request("GET", _core.call_path(call_id), params=params)
     return answer
