@@ -162,7 +162,7 @@ CRITERION_SERIALIZERS = {
 }
 SUCCESS_CRITERION = PolymorphicProxySerializer(
     component_name="SuccessCriterion", resource_type_field_name="kind",
-    serializers=list(CRITERION_SERIALIZERS.values()),
+    serializers=dict(CRITERION_SERIALIZERS),
 )
 
 
