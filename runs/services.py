@@ -352,10 +352,6 @@ def task_review_decide(*, task_id: str, user: Any, decision: str, evidence: str)
     if decision not in REVIEW_MOVES:
         raise InvalidInput("Confirm or reject.", details={"decision": decision})
     evidence = (evidence or "").strip()
-    if not evidence:
-        raise InvalidInput("Give your evidence: what you checked, and where.", details={"field": "evidence"})
-    if len(evidence) > MAX_REVIEW_EVIDENCE:
-        raise InvalidInput(f"Evidence has at most {MAX_REVIEW_EVIDENCE} characters.", details={"field": "evidence"})
     with transaction.atomic():
         task = Task.objects.select_for_update().filter(task_id=task_id).first()
         if task is None:
@@ -371,6 +367,11 @@ def task_review_decide(*, task_id: str, user: Any, decision: str, evidence: str)
         if task.status != TaskStatus.WAITING_REVIEW:
             raise Conflict(f"The task is {task.status}: it waits for no success review.",
                            details={"status": task.status})
+        if not evidence:
+            raise InvalidInput("Give your evidence: what you checked, and where.", details={"field": "evidence"})
+        if len(evidence) > MAX_REVIEW_EVIDENCE:
+            raise InvalidInput(f"Evidence has at most {MAX_REVIEW_EVIDENCE} characters.",
+                               details={"field": "evidence"})
         by = f"user:{user.get_username()}"
         at = timezone.now()
         review = {"decision": decision, "by": by, "at": at.isoformat(), "evidence": evidence}

@@ -220,7 +220,7 @@ def verify(task: Task) -> Verdict:
     results = []
     for criterion, source in judged:
         verdict = judge(task, criterion)
-        results.append({"criterion": criterion, "source": source, "description": _describe(criterion),
+        results.append({"criterion": criterion, "source": source, "description": describe_criterion(criterion),
                         "result": verdict.result, "evidence": verdict.evidence})
     outcomes = {r["result"] for r in results}
     overall = next((outcome for outcome in (FAILED, PENDING, REVIEW) if outcome in outcomes), MET)
@@ -233,5 +233,14 @@ def verify(task: Task) -> Verdict:
     return Verdict(overall, {"criteria": results})
 
 
-def _describe(criterion: Any) -> str:
+def describe_criterion(criterion: Any) -> str:
     return C.describe(criterion) if isinstance(criterion, dict) else str(criterion)[:C.QUOTE_CHARS]
+
+
+def criteria_rows(task: Task) -> list[dict]:
+    """Each success criterion with its last verdict; before the first verification, the
+    criteria that will be judged (the contract's and the task type's), not judged yet."""
+    if task.verdicts:
+        return task.verdicts
+    return [{"criterion": criterion, "source": source, "description": describe_criterion(criterion),
+             "result": "", "evidence": {}} for criterion, source in effective_criteria(task)]
