@@ -188,7 +188,7 @@ def describe(criterion: dict[str, Any]) -> str:
         args = f" with {json.dumps(subset, ensure_ascii=False, sort_keys=True)}" if subset else ""
         return f"a confirmed {criterion.get('tool')} operation{args}"
     if kind == RESULT_MATCHES:
-        source = f"call {criterion['call_id']}" if criterion.get("call_id") else f"a {criterion.get('tool')} call"
+        source = f"call {criterion['call_id']}" if criterion.get("call_id") else f"any {criterion.get('tool')} call"
         how, wanted = ("contains", criterion["contains"]) if "contains" in criterion else ("equals", criterion.get("equals"))
         where = criterion.get("path") or "(whole result)"
         return f"{source}: result {where} {how} {json.dumps(wanted, ensure_ascii=False)}"

@@ -318,7 +318,7 @@ def task_record_verification(*, task_id: str, expected_version: int, result: str
         if task.status != TaskStatus.VERIFYING or task.version != expected_version:
             raise Conflict("The task moved while it was being verified.",
                            details={"status": task.status, "version": task.version})
-        transition(task, to=to, actor="system:verifier", reason=f"verification {result}", evidence=evidence,
+        transition(task, to=to, actor="system:verifier", reason=VERIFICATION_REASONS[result], evidence=evidence,
                    guard={"version": expected_version},
                    changes={"version": F("version") + 1, "verdicts": evidence.get("criteria", [])})
     return task
@@ -326,6 +326,9 @@ def task_record_verification(*, task_id: str, expected_version: int, result: str
 
 VERIFICATION_MOVES = {"met": TaskStatus.SUCCEEDED, "failed": TaskStatus.FAILED, "pending": TaskStatus.RUNNING,
                       "review": TaskStatus.WAITING_REVIEW}
+VERIFICATION_REASONS = {"met": "every success criterion met", "failed": "a success criterion failed",
+                        "pending": "a success criterion is not settled yet: back to the agent",
+                        "review": "the ledger's checks met; waiting for a success review"}
 REVIEW_MOVES = {"confirm": TaskStatus.SUCCEEDED, "reject": TaskStatus.FAILED}
 MAX_REVIEW_EVIDENCE = 4000
 
