@@ -41,7 +41,11 @@ VERIFIERS: dict[str, Check] = {}
 
 
 def register(name: str) -> Callable[[Check], Check]:
-    """Register a code-defined check under `name`: `check(task, params) -> Verdict`."""
+    """Register a code-defined check under `name`: `check(task, params) -> Verdict`. A name is
+    also shorthand for a criterion's kind, so it may not be one of the data kinds."""
+    if name in C.KINDS:
+        raise ValueError(f"{name!r} is a criterion kind; register the check under another name.")
+
     def decorator(check: Check) -> Check:
         VERIFIERS[name] = check
         return check

@@ -185,6 +185,11 @@ def test_a_registered_verifiers_name_as_kind_is_shorthand_for_it(agent, register
     assert judged(task)[0] == "met"
 
 
+def test_a_check_may_not_be_registered_under_a_kinds_name():
+    with pytest.raises(ValueError):
+        verifiers.register("human")
+
+
 def test_a_verifier_nobody_registered_fails(agent):
     task = verifying(agent, [{"kind": "verifier", "name": "nobody"}])
     assert judged(task)[0] == "failed"

@@ -146,7 +146,7 @@ class AsyncTask(_core.TaskState):
         while not _core.judged(task := await self.client.task(self.task_id)) and time.monotonic() < until:
             await asyncio.sleep(_core.verdict_pause(attempt))
             attempt += 1
-        self.status = task["status"]
+        self.status, self.version = task["status"], task["version"]
         return task
 
     async def fail(self, reason: str, *, evidence: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -163,13 +163,14 @@ class Task(_core.TaskState):
     def verdict(self, *, timeout: float = 60.0) -> dict[str, Any]:
         """The task once its verifiers ruled on it (or as it is when `timeout` passed): `status`
         (`succeeded`, `failed`, `waiting_review`, or `running` when a criterion is not settled
-        yet) and `verdicts`, each criterion's result and evidence."""
+        yet) and `verdicts`, each criterion's result and evidence. Back in `running`, the lease is
+        no longer renewed: start the task again with the same key to go on."""
         until = _core.deadline(timeout)
         attempt = 0
         while not _core.judged(task := self.client.task(self.task_id)) and time.monotonic() < until:
             time.sleep(_core.verdict_pause(attempt))
             attempt += 1
-        self.status = task["status"]
+        self.status, self.version = task["status"], task["version"]
         return task
 
     def fail(self, reason: str, *, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
