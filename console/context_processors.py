@@ -11,6 +11,7 @@ NAVIGATION = [
     ("approvals", "Approvals", "approvals:inbox", {Role.REVIEWER, Role.ADMIN}),
     ("unknown", "Unknown outcomes", "operations:unknown", {Role.SUPPORT, Role.REVIEWER, Role.ADMIN}),
     ("runs", "Runs", "runs:list", set()),
+    ("reviews", "Success reviews", "runs:reviews", {Role.REVIEWER}),
     ("dashboard", "Dashboard", "dashboard", set()),
     ("stops", "Stops", "stops:page", {Role.ADMIN, Role.REVIEWER}),
 ]

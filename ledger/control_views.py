@@ -24,7 +24,7 @@ from console.live import cursor_for
 from console.models import AgentPrincipal, Tenant
 from ledger import control
 from runs.models import Task
-from runs.views import run_detail_context
+from runs.views import act_on_run
 
 HISTORY = 30
 
@@ -135,17 +135,7 @@ def task_control(request: HttpRequest, task_id: str, action: str) -> HttpRespons
         task_id=task_id, tenant_id__in=tenant_ids_for(request.user)).first()
     if task is None or action not in TASK_ACTIONS:
         raise Http404("No such run in your tenants.")
-    try:
-        TASK_ACTIONS[action](task_id=task_id, user=request.user, reason=request.POST.get("reason", ""))
-    except DomainError as exc:
-        if isinstance(exc, NotFound):
-            raise Http404(exc.message) from exc
-        task.refresh_from_db()
-        context = run_detail_context(task) | {
-            "active_nav": "runs", "last_event_id": cursor_for(request.user),
-            "can_control": control.may_control_task(request.user, task.tenant_id),
-            "control_error": exc.message, "control_action": action,
-        }
-        return render(request, "runs/detail.html", context, status=exc.status)
-    messages.success(request, DONE[action])
-    return redirect(reverse("runs:detail", args=[task_id]))
+    return act_on_run(
+        request, task, lambda: TASK_ACTIONS[action](task_id=task_id, user=request.user,
+                                                    reason=request.POST.get("reason", "")),
+        done=DONE[action], error_key="control_error", control_action=action)

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import math
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -23,7 +29,7 @@ from console.api import (
     errors,
 )
 from ledger import decisions, starts
-from runs import services
+from runs import criteria, services, verifiers
 from runs.models import TaskStatus
 from runs.selectors import task_by_idempotency_key, task_for_principal, task_lease
 
@@ -57,6 +63,179 @@ def validate_constraints(value: dict) -> dict:
     return value
 
 
+# --- success criteria ------------------------------------------------------------------------
+
+
+def bounded_value(value):
+    """An expected value or argument subset: small and shallow (`runs.criteria` limits)."""
+    if criteria.value_depth(value) > criteria.MAX_VALUE_DEPTH:
+        raise serializers.ValidationError(f"Nested at most {criteria.MAX_VALUE_DEPTH} levels.")
+    if criteria.value_size(value) > criteria.MAX_VALUE_BYTES:
+        raise serializers.ValidationError(f"At most {criteria.MAX_VALUE_BYTES} characters as JSON.")
+    return value
+
+
+def valid_path(value: str) -> str:
+    try:
+        criteria.path_segments(value)
+    except criteria.BadPath as exc:
+        raise serializers.ValidationError(str(exc)) from exc
+    return value
+
+
+class AnyJSONField(serializers.JSONField):
+    """Any JSON value (null too), bounded."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_null=True, validators=[bounded_value], **kwargs)
+
+
+def _kind(name: str):
+    return serializers.ChoiceField(choices=[name], help_text=f"`{name}`")
+
+
+def _label():
+    return StrictCharField(required=False, max_length=criteria.MAX_DESCRIPTION,
+                           help_text="What this criterion means, for the people who read the run page.")
+
+
+class OperationConfirmedCriterion(serializers.Serializer):
+    kind = _kind(criteria.OPERATION_CONFIRMED)
+    tool = StrictCharField(max_length=100, help_text="The tool's name, e.g. `payments.refund`.")
+    arguments = JSONObjectField(required=False, validators=[bounded_value],
+                                help_text="A subset the operation's arguments must contain (objects recursively).")
+    description = _label()
+
+    class Meta:
+        ref_name = "OperationConfirmedCriterion"
+
+
+class ResultMatchesCriterion(serializers.Serializer):
+    kind = _kind(criteria.RESULT_MATCHES)
+    call_id = StrictCharField(required=False, max_length=128, help_text="One call of this task (or `tool`).")
+    tool = StrictCharField(required=False, max_length=100, help_text="Any confirmed call of the tool (or `call_id`).")
+    path = StrictCharField(required=False, default="", allow_blank=True, max_length=criteria.MAX_PATH_LENGTH,
+                           validators=[valid_path],
+                           help_text="Into the call's result: a JSON pointer (`/refund/id`) or a dotted path "
+                                     f"(`refund.id`), at most {criteria.MAX_PATH_SEGMENTS} segments; empty: the "
+                                     "whole result.")
+    equals = AnyJSONField(required=False, help_text="The value there equals this (or `contains`).")
+    contains = AnyJSONField(required=False, help_text="A string there contains this substring, a list an "
+                                                      "element equal to it, an object this subset (or `equals`).")
+    description = _label()
+
+    class Meta:
+        ref_name = "ResultMatchesCriterion"
+
+    def validate(self, attrs):
+        if ("call_id" in attrs) == ("tool" in attrs):
+            raise serializers.ValidationError({"call_id": ["Name exactly one of call_id and tool."]})
+        if ("equals" in self.initial_data) == ("contains" in self.initial_data):
+            raise serializers.ValidationError({"equals": ["Give exactly one of equals and contains."]})
+        return attrs
+
+
+class HumanCriterion(serializers.Serializer):
+    kind = _kind(criteria.HUMAN)
+    description = StrictCharField(max_length=criteria.MAX_DESCRIPTION,
+                                  help_text="What a reviewer of the tenant confirms on the console, with evidence.")
+
+    class Meta:
+        ref_name = "HumanCriterion"
+
+
+class VerifierCriterion(serializers.Serializer):
+    kind = _kind(criteria.VERIFIER)
+    name = StrictCharField(max_length=100, help_text="A registered check: " + ", ".join(
+        f"`{name}`" for name in sorted(verifiers.VERIFIERS)) + ".")
+    params = JSONObjectField(required=False, default=dict, validators=[bounded_value])
+    description = _label()
+
+    class Meta:
+        ref_name = "VerifierCriterion"
+
+    def validate_name(self, value: str) -> str:
+        if value not in verifiers.VERIFIERS:
+            raise serializers.ValidationError(f"No verifier registered as {value!r}.")
+        return value
+
+
+CRITERION_SERIALIZERS = {
+    criteria.OPERATION_CONFIRMED: OperationConfirmedCriterion,
+    criteria.RESULT_MATCHES: ResultMatchesCriterion,
+    criteria.HUMAN: HumanCriterion,
+    criteria.VERIFIER: VerifierCriterion,
+}
+SUCCESS_CRITERION = PolymorphicProxySerializer(
+    component_name="SuccessCriterion", resource_type_field_name="kind",
+    serializers=dict(CRITERION_SERIALIZERS),
+)
+
+
+@extend_schema_field({"oneOf": [
+    {"type": "string", "minLength": 1, "maxLength": criteria.MAX_DESCRIPTION,
+     "description": "Free text: a `human` criterion with this description."},
+    {"$ref": "#/components/schemas/SuccessCriterion"},
+]})
+class CriterionField(serializers.Field):
+    """One success criterion in: free text, a registered verifier's name as kind (shorthand for
+    `verifier`), or one of the kinds; answered in normal form (`runs.criteria.normalize`).
+    Unknown keys are refused: a misspelt `equal` must not make a check that always passes."""
+
+    default_error_messages = {"invalid": "Expected a string or an object with a `kind`."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            if not data.strip() or len(data) > criteria.MAX_DESCRIPTION:
+                raise serializers.ValidationError(f"Free text of 1 to {criteria.MAX_DESCRIPTION} characters.")
+        elif not isinstance(data, dict):
+            self.fail("invalid")
+        [data] = criteria.normalize([data], verifiers.VERIFIERS)
+        serializer_class = CRITERION_SERIALIZERS.get(data.get("kind"))
+        if serializer_class is None:
+            raise serializers.ValidationError({"kind": [
+                f"One of {', '.join(criteria.KINDS)}, or a registered verifier: "
+                f"{', '.join(sorted(verifiers.VERIFIERS))}."]})
+        serializer = serializer_class(data=data)
+        unknown = sorted(set(data) - set(serializer.fields))
+        if unknown:
+            raise serializers.ValidationError({key: ["Unknown key for this kind."] for key in unknown})
+        if not serializer.is_valid():
+            raise serializers.ValidationError(serializer.errors)
+        return dict(serializer.validated_data)
+
+    def to_representation(self, value):
+        return value
+
+
+@extend_schema_field(SUCCESS_CRITERION)
+class CriterionOutputField(serializers.Field):
+    def to_representation(self, value):
+        return value
+
+
+class CriteriaOutputField(serializers.ListField):
+    """The contract's criteria in normal form (older contracts' free text read as `human`)."""
+
+    child = CriterionOutputField()
+
+    def to_representation(self, data):
+        return super().to_representation(criteria.normalize(data if isinstance(data, list) else [],
+                                                            verifiers.VERIFIERS))
+
+
+class VerdictSerializer(serializers.Serializer):
+    criterion = CriterionOutputField()
+    source = serializers.CharField(help_text="`contract`, or `task type` (a check every task of its type has).")
+    description = serializers.CharField()
+    result = serializers.CharField(help_text="met, pending, failed, or review (waiting for a reviewer).")
+    evidence = serializers.DictField(help_text="What the verdict rests on: operation IDs, receipts, the value "
+                                               "found, or the reviewer's decision.")
+
+    class Meta:
+        ref_name = "CriterionVerdict"
+
+
 class TaskOutputSerializer(serializers.Serializer):
     class Budget(serializers.Serializer):
         calls_used = serializers.IntegerField()
@@ -81,7 +260,9 @@ class TaskOutputSerializer(serializers.Serializer):
     task_type = serializers.CharField()
     goal = serializers.CharField()
     inputs = JSONObjectField()
-    success_criteria = serializers.ListField(child=serializers.JSONField())
+    success_criteria = CriteriaOutputField()
+    verdicts = VerdictSerializer(many=True, help_text="Each criterion's last verdict (empty until the task was "
+                                                      "verified).")
     constraints = JSONObjectField()
     versions = JSONObjectField()
     superseded_by = serializers.CharField(source="superseded_by_id", allow_null=True)
@@ -135,8 +316,10 @@ class TaskCreateApi(APIView):
         goal = StrictCharField()
         # The contract is hashed canonically (an Idempotency-Key binds to it).
         inputs = JSONObjectField(required=False, default=dict, validators=[canonicalizable])
-        success_criteria = serializers.ListField(child=serializers.JSONField(), required=False, default=list,
-                                                 validators=[canonicalizable])
+        success_criteria = serializers.ListField(
+            child=CriterionField(), required=False, default=list, max_length=criteria.MAX_CRITERIA, validators=[canonicalizable],
+            help_text="Checks judged from the ledger when the agent finishes (`to: verifying`); all must pass "
+                      "for `succeeded`. `human` ones (and free text) wait for a reviewer: `waiting_review`.")
         constraints = JSONObjectField(required=False, default=dict, validators=[validate_constraints, canonicalizable])
         versions = JSONObjectField(required=False, default=dict, validators=[canonicalizable])
         lease = LeaseInputSerializer(

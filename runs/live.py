@@ -11,6 +11,7 @@ from console import live
 from console.models import Event
 from ledger.models import Operation
 from runs.models import Task
+from runs.verifiers import criteria_rows
 
 
 def _render_run(user, events: Sequence, task_id: str) -> str:
@@ -29,7 +30,7 @@ def _render_run(user, events: Sequence, task_id: str) -> str:
     task = Task.objects.get(task_id=task_id)
     operations = Operation.objects.filter(task_id=task_id).select_related("tool").order_by("created_at")
     return render_to_string("runs/_live.html", {
-        "task": task, "events": mine, "operations": operations,
+        "task": task, "events": mine, "operations": operations, "criteria_rows": criteria_rows(task),
         "approvals": ApprovalRequest.objects.filter(task_id=task_id).select_related("tool").order_by("created_at"),
         "oob": True,
     })

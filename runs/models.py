@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -16,20 +17,23 @@ class TaskStatus(models.TextChoices):
     WAITING_APPROVAL = "waiting_approval"
     WAITING_EXTERNAL = "waiting_external"
     VERIFYING = "verifying"
+    WAITING_REVIEW = "waiting_review"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
     PAUSED = "paused"
 
 
-# `succeeded` is reachable only from `verifying`, and only through a verifier's evidence.
+# `succeeded` is reachable only from `verifying`, through the verifiers' evidence, or from
+# `waiting_review`, through a reviewer's confirmation of the human criteria (with evidence).
 TASK_TRANSITIONS: dict[str, frozenset[str]] = {
     TaskStatus.QUEUED: frozenset({TaskStatus.PLANNING, TaskStatus.CANCELLED}),
     TaskStatus.PLANNING: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     TaskStatus.RUNNING: frozenset({TaskStatus.WAITING_APPROVAL, TaskStatus.WAITING_EXTERNAL, TaskStatus.VERIFYING, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.PAUSED}),
     TaskStatus.WAITING_APPROVAL: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.PAUSED}),
     TaskStatus.WAITING_EXTERNAL: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.PAUSED}),
-    TaskStatus.VERIFYING: frozenset({TaskStatus.SUCCEEDED, TaskStatus.RUNNING, TaskStatus.FAILED}),
+    TaskStatus.VERIFYING: frozenset({TaskStatus.SUCCEEDED, TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.WAITING_REVIEW}),
+    TaskStatus.WAITING_REVIEW: frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     TaskStatus.PAUSED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED}),
     TaskStatus.SUCCEEDED: frozenset(),
     TaskStatus.FAILED: frozenset(),
@@ -61,6 +65,15 @@ class Task(models.Model):
         help_text="The agent's Idempotency-Key (e.g. its framework's thread ID): one task per key and agent.",
     )
     contract_hash = models.CharField(max_length=64, blank=True, help_text="Canonical hash of the contract.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The person who registered the contract, when a person did (empty for an agent's task): "
+                  "they may not confirm its success.",
+    )
+    verdicts = models.JSONField(
+        default=list, blank=True,
+        help_text="Each success criterion's last verdict and its evidence (runs.verifiers), as the run page shows them.",
+    )
     calls_used = models.PositiveIntegerField(default=0)
     writes_used = models.PositiveIntegerField(default=0)
     amount_used = models.DecimalField(max_digits=18, decimal_places=4, default=0)

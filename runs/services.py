@@ -21,7 +21,7 @@ from console.lib.errors import (
 )
 from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
-from console.models import AgentPrincipal, Event
+from console.models import AgentPrincipal, Event, Membership, Role
 from runs import tasks
 from runs.models import TASK_TERMINAL, Lease, Step, Task, TaskStatus
 
@@ -45,7 +45,10 @@ def task_create(
     constraints: dict[str, Any] | None = None,
     versions: dict[str, Any] | None = None,
     idempotency_key: str = "",
+    created_by: Any = None,
 ) -> Task:
+    """Register a contract. `created_by`: the person who registered it, when a person did; they
+    may not confirm its success (`task_review_decide`)."""
     with transaction.atomic():
         task = Task.objects.create(
             task_id=new_id("tsk"),
@@ -58,6 +61,7 @@ def task_create(
             constraints=constraints or {},
             versions=versions or {},
             idempotency_key=idempotency_key,
+            created_by=created_by,
             contract_hash=contract_hash({"task_type": task_type, "goal": goal, "inputs": inputs,
                                          "success_criteria": success_criteria, "constraints": constraints,
                                          "versions": versions}),
@@ -139,6 +143,11 @@ def task_transition(
     if to == TaskStatus.SUCCEEDED:
         raise NotPermitted(
             "A task succeeds only through its verifier; move it to 'verifying' with evidence.",
+            details={"to": to},
+        )
+    if to == TaskStatus.WAITING_REVIEW:
+        raise NotPermitted(
+            "A task waits for a success review when its verifiers say so; move it to 'verifying'.",
             details={"to": to},
         )
     if to == TaskStatus.WAITING_APPROVAL:
@@ -303,10 +312,12 @@ def task_pause(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] 
 
 def task_record_verification(*, task_id: str, expected_version: int, result: str,
                              evidence: dict[str, Any]) -> Task:
-    """The verifier's verdict on a `verifying` task: met → succeeded; contradicted → failed;
-    not yet → back to running (the agent may continue). Compare-and-set on the version the
-    verifier read, so a task that moved meanwhile is not judged on stale evidence."""
-    to = {"met": TaskStatus.SUCCEEDED, "failed": TaskStatus.FAILED, "pending": TaskStatus.RUNNING}[result]
+    """The verifiers' verdict on a `verifying` task: met → succeeded; contradicted → failed;
+    not yet → back to running (the agent may continue); met but for human criteria →
+    waiting_review (a reviewer decides, `task_review_decide`). Each criterion's verdict is kept
+    on the task (`verdicts`) for the run page. Compare-and-set on the version the verifier read,
+    so a task that moved meanwhile is not judged on stale evidence."""
+    to = VERIFICATION_MOVES[result]
     with transaction.atomic():
         task = Task.objects.filter(task_id=task_id).first()
         if task is None:
@@ -314,10 +325,79 @@ def task_record_verification(*, task_id: str, expected_version: int, result: str
         if task.status != TaskStatus.VERIFYING or task.version != expected_version:
             raise Conflict("The task moved while it was being verified.",
                            details={"status": task.status, "version": task.version})
-        transition(task, to=to, actor="system:verifier", reason=f"verification {result}", evidence=evidence,
-                   guard={"version": expected_version}, changes={"version": F("version") + 1})
+        transition(task, to=to, actor="system:verifier", reason=VERIFICATION_REASONS[result], evidence=evidence,
+                   guard={"version": expected_version},
+                   changes={"version": F("version") + 1, "verdicts": evidence.get("criteria", [])})
     return task
 
+
+VERIFICATION_MOVES = {"met": TaskStatus.SUCCEEDED, "failed": TaskStatus.FAILED, "pending": TaskStatus.RUNNING,
+                      "review": TaskStatus.WAITING_REVIEW}
+VERIFICATION_REASONS = {"met": "every success criterion met", "failed": "a success criterion failed",
+                        "pending": "a success criterion is not settled yet: back to the agent",
+                        "review": "the ledger's checks met; waiting for a success review"}
+REVIEW_MOVES = {"confirm": TaskStatus.SUCCEEDED, "reject": TaskStatus.FAILED}
+MAX_REVIEW_EVIDENCE = 4000
+
+
+def may_review_success(user: Any, task: Task) -> bool:
+    """A reviewer of the task's tenant who did not register the task. An agent is no person:
+    it never decides its own task's success."""
+    if isinstance(user, AgentPrincipal) or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return False
+    if task.created_by_id is not None and task.created_by_id == user.pk:
+        return False
+    return user.pk in reviewer_ids(task.tenant_id)
+
+
+def reviewer_ids(tenant_id: int) -> set[int]:
+    return set(Membership.objects.filter(tenant_id=tenant_id, role=Role.REVIEWER).values_list("user_id", flat=True))
+
+
+def task_review_decide(*, task_id: str, user: Any, decision: str, evidence: str) -> Task:
+    """A reviewer decides a task's human success criteria: confirm → succeeded, reject →
+    failed, with their evidence (required) in the event and in each human criterion's verdict.
+    Separation of duties: never the agent, never the person who registered the task. A
+    compare-and-set on the version; already decided: a Conflict naming the status."""
+    if decision not in REVIEW_MOVES:
+        raise InvalidInput("Confirm or reject.", details={"decision": decision})
+    evidence = (evidence or "").strip()
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(task_id=task_id).first()
+        if task is None:
+            raise NotFound(f"No task {task_id}.")
+        if isinstance(user, AgentPrincipal):
+            raise NotPermitted("An agent never decides its own task's success.", details={"task_id": task_id})
+        if task.created_by_id is not None and task.created_by_id == getattr(user, "pk", None):
+            raise NotPermitted("You registered this task: another reviewer decides its success.",
+                               details={"task_id": task_id})
+        if not may_review_success(user, task):
+            raise NotPermitted("Only a reviewer of the task's tenant decides its success.",
+                               details={"task_id": task_id})
+        if task.status != TaskStatus.WAITING_REVIEW:
+            raise Conflict(f"The task is {task.status}: it waits for no success review.",
+                           details={"status": task.status})
+        if not evidence:
+            raise InvalidInput("Give your evidence: what you checked, and where.", details={"field": "evidence"})
+        if len(evidence) > MAX_REVIEW_EVIDENCE:
+            raise InvalidInput(f"Evidence has at most {MAX_REVIEW_EVIDENCE} characters.",
+                               details={"field": "evidence"})
+        by = f"user:{user.get_username()}"
+        at = timezone.now()
+        review = {"decision": decision, "by": by, "at": at.isoformat(), "evidence": evidence}
+        verdicts = [_reviewed(v, review) for v in (task.verdicts or [])]
+        transition(task, to=REVIEW_MOVES[decision], actor=by,
+                   reason=f"success {'confirmed' if decision == 'confirm' else 'rejected'} by a reviewer: {evidence}",
+                   evidence={"review": review, "criteria": verdicts}, guard={"version": task.version},
+                   changes={"version": F("version") + 1, "verdicts": verdicts})
+    return task
+
+
+def _reviewed(verdict: dict[str, Any], review: dict[str, Any]) -> dict[str, Any]:
+    if verdict.get("result") != "review":
+        return verdict
+    result = "met" if review["decision"] == "confirm" else "failed"
+    return {**verdict, "result": result, "evidence": {"review": review}}
 
 
 def task_cancel_by_person(*, task_id: str, actor: str, reason: str) -> Task:

@@ -3,22 +3,28 @@ approvals, live while the run is active."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
 from approvals.models import ApprovalRequest
 from console.access import tenant_ids_for
+from console.lib.errors import DomainError, NotFound
 from console.live import cursor_for
-from console.models import Event, Tenant
+from console.models import Event, Role, Tenant
 from ledger import control
 from ledger.models import Operation
+from runs import services, verifiers
 from runs.models import TASK_TERMINAL, Task, TaskStatus
 from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows, trace_state
@@ -95,19 +101,75 @@ def run_detail_context(task: Task) -> dict:
         | Q(entity=Event.Entity.APPROVAL, entity_id__in=[a.approval_id for a in approvals])
     ).order_by("id"))
     return {
-        "task": task, "summary": summary, "spans": payload(rows, costs), "span_count": total,
+        "task": task, "criteria_rows": verifiers.criteria_rows(task),
+        "summary": summary, "spans": payload(rows, costs), "span_count": total,
         "cursor": cursor, "limit": MAX_SPANS,
         "operations": operations, "approvals": approvals, "events": events,
         "active": _following(task),
     }
 
 
+def detail_page_context(request: HttpRequest, task: Task, **extra) -> dict:
+    """The run page's whole context for this viewer (what they may control and review)."""
+    return run_detail_context(task) | {
+        "active_nav": "runs", "last_event_id": cursor_for(request.user),
+        "can_control": control.may_control_task(request.user, task.tenant_id),
+        "may_review": task.status == TaskStatus.WAITING_REVIEW and services.may_review_success(request.user, task),
+        "registered_it": task.created_by_id is not None and task.created_by_id == request.user.pk,
+    } | extra
+
+
 @login_required
 def run_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     task = _get_task_for_user(request, task_id)
-    context = run_detail_context(task) | {"active_nav": "runs", "last_event_id": cursor_for(request.user),
-                                          "can_control": control.may_control_task(request.user, task.tenant_id)}
-    return render(request, "runs/detail.html", context)
+    return render(request, "runs/detail.html", detail_page_context(request, task))
+
+
+REVIEW_DONE = {"confirm": "Success confirmed: the task succeeded.", "reject": "Success rejected: the task failed."}
+
+
+@login_required
+@require_POST
+def run_review(request: HttpRequest, task_id: str, decision: str) -> HttpResponse:
+    """A reviewer confirms or rejects the task's human success criteria, with evidence."""
+    task = _get_task_for_user(request, task_id)
+    if decision not in REVIEW_DONE:
+        raise Http404("No such decision.")
+    evidence = request.POST.get("evidence", "")
+    return act_on_run(
+        request, task, lambda: services.task_review_decide(task_id=task.task_id, user=request.user,
+                                                           decision=decision, evidence=evidence),
+        done=REVIEW_DONE[decision], error_key="review_error", review_evidence=evidence)
+
+
+def act_on_run(request: HttpRequest, task: Task, act: Callable[[], object], *, done: str, error_key: str,
+               **error_context) -> HttpResponse:
+    """One action from the run page: done, a message and back to the page; refused, the page
+    again with the error under `error_key`, at the error's status."""
+    try:
+        act()
+    except DomainError as exc:
+        if isinstance(exc, NotFound):
+            raise Http404(exc.message) from exc
+        task.refresh_from_db()
+        page = detail_page_context(request, task, **{error_key: exc.message}, **error_context)
+        return render(request, "runs/detail.html", page, status=exc.status)
+    messages.success(request, done)
+    return redirect(reverse("runs:detail", args=[task.task_id]))
+
+
+@login_required
+def review_list(request: HttpRequest) -> HttpResponse:
+    """Tasks waiting for a success review, in the tenants where the user reviews."""
+    tenant_ids = tenant_ids_for(request.user, Role.REVIEWER)
+    tasks = (Task.objects.filter(tenant_id__in=tenant_ids, status=TaskStatus.WAITING_REVIEW)
+             .select_related("tenant", "actor").order_by("updated_at", "task_id"))
+    page = Paginator(tasks, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [{"task": task, "human": [v for v in task.verdicts if v.get("result") == "review"],
+             "registered_it": task.created_by_id is not None and task.created_by_id == request.user.pk}
+            for task in page.object_list]
+    return render(request, "runs/reviews.html", {"page": page, "rows": rows, "active_nav": "reviews",
+                                                 "is_reviewer": bool(tenant_ids)})
 
 
 def _int_param(request: HttpRequest, name: str) -> int:

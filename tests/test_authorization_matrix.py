@@ -77,6 +77,8 @@ MATRIX: dict[str, Rule] = {
     "runs:detail": rule(PEOPLE_A),
     "runs:trace": rule(PEOPLE_A),
     "runs:control": rule(SUPPORT_A, "post"),
+    "runs:reviews": rule(PEOPLE),  # each sees the tasks of the tenants where they review
+    "runs:review": rule({REVIEWER}, "post"),  # a success review: reviewers of the task's tenant only
     "stops:page": rule(PEOPLE),
     "stops:create": rule(PEOPLE, "post"),  # a stop of the principal's own tenant
     "stops:resume": rule({ADMIN}, "post"),  # an agent's stop: its tenant's admins only
@@ -159,7 +161,8 @@ def world(agent, outsider_agent, tenant, other_tenant):
     run = start_task(agent)
     kwargs = {"approval_id": approval.pk, "operation_id": operation.pk, "task_id": run.task_id,
               "call_id": operation.call_id, "stop_id": stop.stop_id, "action": "pause",
-              "tool_name": operation.tool.name}
+              "tool_name": operation.tool.name,
+              "decision": "confirm"}
     # Valid bodies, so a refusal is the authorization's and not the input validation's.
     bodies = {
         "api-call-propose": call_body(run),

@@ -5,6 +5,9 @@ own Celery app publishes nowhere)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import httpx
 import pytest
 
@@ -28,17 +31,24 @@ def pending_approval(call_id: str) -> ApprovalRequest:
     return ApprovalRequest.objects.get(call_id=call_id)
 
 
-def decide(stack: FullStack, approval_id: str, verdict: str, *, username: str = "reviewer",
-           reason: str = "") -> None:
-    """A reviewer logs in and approves or rejects on the approval page's form."""
+@contextmanager
+def logged_in(stack: FullStack, username: str) -> Iterator[httpx.Client]:
+    """A person's browser session on the stack, its CSRF header set for the forms it posts."""
     with httpx.Client(base_url=stack.url, follow_redirects=False, timeout=30) as browser:
         browser.get("/accounts/login/").raise_for_status()
         csrf = browser.cookies["csrftoken"]
         login = browser.post("/accounts/login/", data={"username": username, "password": "pw",
                                                        "csrfmiddlewaretoken": csrf})
         assert login.status_code == 302, login.text[:500]
-        answer = browser.post(f"/approvals/{approval_id}/{verdict}/", data={"reason": reason},
-                              headers={"X-CSRFToken": browser.cookies["csrftoken"]})
+        browser.headers["X-CSRFToken"] = browser.cookies["csrftoken"]
+        yield browser
+
+
+def decide(stack: FullStack, approval_id: str, verdict: str, *, username: str = "reviewer",
+           reason: str = "") -> None:
+    """A reviewer logs in and approves or rejects on the approval page's form."""
+    with logged_in(stack, username) as browser:
+        answer = browser.post(f"/approvals/{approval_id}/{verdict}/", data={"reason": reason})
         assert answer.status_code == 302, answer.text[:500]
 
 

@@ -18,6 +18,7 @@ from countersign import (
     Rejected,
     StaleFencingToken,
     TaskFinished,
+    criteria,
     link_span,
 )
 
@@ -26,7 +27,7 @@ from ledger.models import Operation
 from runs.models import Lease, Task
 from sandbox import client as sandbox
 from tests.asgi import free_port
-from tests.clients.conftest import decide, judged, pending_approval
+from tests.clients.conftest import decide, judged, logged_in, pending_approval
 from tests.conftest import AGENT_TOKEN
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -209,3 +210,39 @@ def test_a_process_replaced_by_its_restart_gets_lease_lost(stack, client):
 
     assert not Operation.objects.filter(task_id=replaced.task_id).exists()
     assert Task.objects.get(pk=replaced.task_id).status == "failed"
+
+
+def review(stack, task_id: str, decision: str, evidence: str, *, username: str = "reviewer") -> None:
+    """A reviewer logs in and decides the task's success review on its run page's form."""
+    with logged_in(stack, username) as browser:
+        answer = browser.post(f"/runs/{task_id}/review/{decision}/", data={"evidence": evidence})
+        assert answer.status_code == 302, answer.text[:500]
+
+
+def test_finish_waits_for_the_verdicts_and_a_reviewer_confirms_the_human_criterion(stack, client, reviewer):
+    task = client.start_task(key="thread-criteria", **CONTRACT, success_criteria=[
+        criteria.operation_confirmed("payments.refund", order_id="ord-c1"),
+        criteria.result_matches("/status", tool="payments.refund", equals="succeeded"),
+        criteria.human("The customer was told about the refund"),
+    ])
+    task.call("payments.refund", refund("ord-c1", 30), step_id="refund-ord-c1")
+
+    ruled = task.finish(evidence={"refund": "done"}, wait=60)
+
+    assert ruled["status"] == "waiting_review" and task.status == "waiting_review"
+    assert [(v["criterion"]["kind"], v["result"]) for v in ruled["verdicts"]] == [
+        ("operation_confirmed", "met"), ("result_matches", "met"), ("human", "review"),
+        ("verifier", "met"),  # the refund task type's own check
+    ]
+    review(stack, task.task_id, "confirm", "Emailed the customer; reply in ticket CS-12.")
+    assert Task.objects.get(pk=task.task_id).status == "succeeded"
+    assert client.task(task.task_id)["verdicts"][2]["evidence"]["review"]["by"] == "user:reviewer"
+
+
+def test_the_criteria_helpers_refuse_an_ambiguous_result_check():
+    with pytest.raises(ValueError):
+        criteria.result_matches("/status", tool="payments.refund", call_id="c1", equals=1)
+    with pytest.raises(ValueError):
+        criteria.result_matches("/status", tool="payments.refund")
+    assert criteria.result_matches("", call_id="c1", equals=None) == {
+        "kind": "result_matches", "path": "", "call_id": "c1", "equals": None}

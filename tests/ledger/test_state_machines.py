@@ -48,7 +48,7 @@ S = OperationStatus
 A = ApprovalStatus
 T = TaskStatus
 # Moves an agent may never make: success is a verifier's word, waiting for approval is Countersign's.
-AGENT_FORBIDDEN = frozenset({T.SUCCEEDED, T.WAITING_APPROVAL})
+AGENT_FORBIDDEN = frozenset({T.SUCCEEDED, T.WAITING_APPROVAL, T.WAITING_REVIEW})
 
 MACHINE_SETTINGS = settings(
     max_examples=30, stateful_step_count=20, deadline=None, database=None,

@@ -14,7 +14,8 @@ CONTRACT = {
     "task_type": "refund",
     "goal": "Refund order ord-42, damaged in transit",
     "inputs": {"order_id": "ord-42"},
-    "success_criteria": ["refund confirmed by the provider", {"check": "receipt"}],
+    "success_criteria": ["the customer was told", {"kind": "operation_confirmed", "tool": "payments.refund",
+                                                   "arguments": {"order_id": "ord-42"}}],
     "constraints": {"max_tool_calls": 10, "max_writes": 3, "max_amount": 250.5,
                     "deadline": "2030-01-31T17:00:00Z"},
     "versions": {"workflow": "refund-v3", "model": "m-2025-01", "prompt": "p7", "tool_schemas": {"payments.refund": 1}},
@@ -31,7 +32,9 @@ def test_it_registers_a_contract(api, agent):
     assert (task.tenant_id, task.actor, task.goal, task.inputs) == (agent.tenant_id, agent, CONTRACT["goal"],
                                                                    {"order_id": "ord-42"})
     assert task.constraints == CONTRACT["constraints"] and task.versions == CONTRACT["versions"]
-    assert task.success_criteria == CONTRACT["success_criteria"]
+    # Free text is a human criterion, in normal form.
+    assert task.success_criteria == [{"kind": "human", "description": "the customer was told"},
+                                     CONTRACT["success_criteria"][1]]
     assert Event.objects.filter(entity="task", entity_id=task.task_id, to_status="queued").exists()
 
 

@@ -60,10 +60,25 @@ def test_a_refund_still_in_doubt_sends_the_task_back_to_running(agent):
     assert task.status == TaskStatus.RUNNING
 
 
-def test_a_refund_task_without_the_required_criterion_cannot_succeed(agent):
+def test_a_refund_task_is_judged_by_its_types_check_even_with_no_criteria_of_its_own(agent):
+    task = verifying_task(agent, criteria=[])
+    assert run_verification(task.task_id) == "failed"  # no refund at all
     task = verifying_task(agent, criteria=[])
     confirmed_refund(agent, task)
+    assert run_verification(task.task_id) == "met"
+    task.refresh_from_db()
+    assert [(v["source"], v["criterion"]["name"], v["result"]) for v in task.verdicts] == [
+        ("task type", "refund_confirmed", "met")]
+
+
+def test_a_refund_task_cannot_succeed_on_a_human_criterion_alone(agent):
+    task = verifying_task(agent, criteria=["the customer is happy"])
     assert run_verification(task.task_id) == "failed"
+    task.refresh_from_db()
+    assert task.status == TaskStatus.FAILED
+    # Nobody is asked to review a task whose ledger checks failed.
+    assert [(v["criterion"]["kind"], v["result"]) for v in task.verdicts] == [("human", "pending"),
+                                                                              ("verifier", "failed")]
 
 
 def test_the_agents_claim_moves_a_task_to_verifying_and_enqueues_the_verifier(agent, monkeypatch,

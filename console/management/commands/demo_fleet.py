@@ -114,7 +114,10 @@ class FleetAgent:
             "goal": f"Send the signed contract to {recipient}" if is_mail else f"Refund {amount} EUR on {order}",
             "inputs": {"order_id": order, "amount": amount, "recipient": recipient},
             "success_criteria": [{"kind": "mail_delivered", "to": [recipient]}] if is_mail
-            else [{"kind": "refund_confirmed", "order_id": order, "amount": amount}],
+            else [{"kind": "refund_confirmed", "order_id": order, "amount": amount},
+                  {"kind": "operation_confirmed", "tool": "orders.lookup", "arguments": {"order_id": order}},
+                  # A reviewed refund also needs a person to confirm what no ledger holds.
+                  *(["The customer was told about the refund"] if scenario == "refund_reviewed" else [])],
             "constraints": {"max_tool_calls": 5, "max_amount": 500},
             "versions": {"workflow": "demo-1", "model": "demo-model", "prompt": "v1"},
         })

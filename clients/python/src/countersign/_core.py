@@ -32,6 +32,9 @@ RETRY_STATUSES = {502, 503, 504}
 RETRIES = 6
 BACKOFF_SECONDS = 0.25
 POLL_SECONDS = 25  # under the server's 30 s cap, and under the HTTP timeout
+# Reading the task while its verifiers run (no long-poll for tasks): from this interval, doubling.
+VERDICT_POLL_SECONDS = 0.2
+VERDICT_POLL_MAX_SECONDS = 2.0
 UNRESOLVED = {"unknown", "manual", "compensation_required"}
 
 
@@ -138,6 +141,16 @@ def finished_or(error: ApiError, task: dict[str, Any] | None) -> Exception:
 
 def deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
+
+
+def judged(task: dict[str, Any]) -> bool:
+    """The verifiers have ruled: the task left `verifying` (to `succeeded`, `failed`,
+    `waiting_review` for a person, or back to `running` when a criterion is not settled yet)."""
+    return task.get("status") != "verifying"
+
+
+def verdict_pause(attempt: int) -> float:
+    return min(VERDICT_POLL_SECONDS * 2 ** attempt, VERDICT_POLL_MAX_SECONDS)
 
 
 def next_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -57,6 +58,9 @@ class AsyncClient:
             if error.status == 404:
                 return None
             raise
+
+    async def task(self, task_id: str) -> dict[str, Any]:
+        return await self.request("GET", f"{_core.API}/tasks/{task_id}")
 
     async def tools(self) -> list[dict[str, Any]]:
         return (await self.request("GET", f"{_core.API}/tools"))["tools"]
@@ -152,11 +156,21 @@ class AsyncTask(_core.TaskState):
         except ApiError as error:
             raise _core.fenced(error) from error
 
-    async def finish(self, *, evidence: dict[str, Any], reason: str = "") -> dict[str, Any]:
+    async def finish(self, *, evidence: dict[str, Any], reason: str = "", wait: float | None = None) -> dict[str, Any]:
         try:
-            return await self.transition("verifying", evidence=evidence, reason=reason)
+            answer = await self.transition("verifying", evidence=evidence, reason=reason)
         finally:
             await self.stop_renewing()
+        return answer if wait is None else await self.verdict(timeout=wait)
+
+    async def verdict(self, *, timeout: float = 60.0) -> dict[str, Any]:
+        until = _core.deadline(timeout)
+        attempt = 0
+        while not _core.judged(task := await self.client.task(self.task_id)) and time.monotonic() < until:
+            await asyncio.sleep(_core.verdict_pause(attempt))
+            attempt += 1
+        self.status, self.version = task["status"], task["version"]
+        return task
 
     async def fail(self, reason: str, *, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         try:

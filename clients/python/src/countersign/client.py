@@ -168,12 +168,27 @@ class Task(_core.TaskState):
         except ApiError as error:
             raise _core.fenced(error) from error
 
-    def finish(self, *, evidence: dict[str, Any], reason: str = "") -> dict[str, Any]:
-        """Hands the task to its verifier (`verifying`): only the verifier says `succeeded`."""
+    def finish(self, *, evidence: dict[str, Any], reason: str = "", wait: float | None = None) -> dict[str, Any]:
+        """Hands the task to its verifiers (`verifying`): only they say `succeeded`. With `wait`
+        (seconds), waits for their ruling and returns the task (`status`, `verdicts`)."""
         try:
-            return self.transition("verifying", evidence=evidence, reason=reason)
+            answer = self.transition("verifying", evidence=evidence, reason=reason)
         finally:
             self.stop_renewing()
+        return answer if wait is None else self.verdict(timeout=wait)
+
+    def verdict(self, *, timeout: float = 60.0) -> dict[str, Any]:
+        """The task once its verifiers ruled on it (or as it is when `timeout` passed): `status`
+        (`succeeded`, `failed`, `waiting_review`, or `running` when a criterion is not settled
+        yet) and `verdicts`, each criterion's result and evidence. Back in `running`, the lease is
+        no longer renewed: start the task again with the same key to go on."""
+        until = _core.deadline(timeout)
+        attempt = 0
+        while not _core.judged(task := self.client.task(self.task_id)) and time.monotonic() < until:
+            time.sleep(_core.verdict_pause(attempt))
+            attempt += 1
+        self.status, self.version = task["status"], task["version"]
+        return task
 
     def fail(self, reason: str, *, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
