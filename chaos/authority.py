@@ -189,8 +189,12 @@ def _load(aw: AuthorityWorld, withdrawal: Withdrawal, rng: random.Random, proble
         tool = AUTHORITY_APPROVAL if rng.random() < APPROVAL_SHARE else AUTHORITY
         run = start_task(aw.world, goal="chaos: authority withdrawn")
         was_withdrawn = withdrawal.withdrawn_now()
+        # Read afresh, as the API's token check does: a deactivated agent is no longer let in.
+        agent = AgentPrincipal.objects.select_related("tenant").filter(pk=aw.agent.pk, is_active=True).first()
+        if agent is None:
+            continue
         try:
-            proposal = call_propose(principal=aw.agent, task_id=run.task_id, call_id=f"call-{uuid.uuid4().hex[:12]}",
+            proposal = call_propose(principal=agent, task_id=run.task_id, call_id=f"call-{uuid.uuid4().hex[:12]}",
                                     step_id=run.step_id, tool_name=tool,
                                     arguments=refund_arguments(order(rng.choice(FAULT_MIX))),
                                     expected_version=run.version, fencing_token=run.lease_token)
