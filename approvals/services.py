@@ -13,6 +13,7 @@ from typing import Protocol
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
@@ -265,6 +266,24 @@ def approval_close(*, approval_id: str, to: str, actor: str, reason: str, eviden
         request = _locked_request(approval_id)
         moved = transition(request, to=to, actor=actor, reason=reason, evidence=evidence, changes=changes)
     return request, moved
+
+
+def approvals_thaw(*, requests: QuerySet[ApprovalRequest], frozen_since, resumed_at) -> int:
+    """A stop that froze these requests ended at `resumed_at`: each still open (pending, or
+    approved and not yet dispatched) that was alive when the freeze began gets the time it was
+    frozen added to its expiry, so a stop never eats a reviewer's time. Bookkeeping of the
+    resume (no status changes, so no events; the resume's own event says when and why).
+    Returns how many were given time back."""
+    thawed = 0
+    with transaction.atomic():
+        for request in (requests.select_for_update().filter(
+                status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED], expires_at__gt=frozen_since)
+                .order_by("pk")):
+            frozen = resumed_at - max(frozen_since, request.created_at)
+            if frozen.total_seconds() > 0:
+                ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=request.expires_at + frozen)
+                thawed += 1
+    return thawed
 
 
 def approval_consume(*, approval_id: str, actor: str) -> ApprovalRequest:
