@@ -18,7 +18,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from approvals import queries
 from approvals.models import EscalationRule, PolicyGeneration, PolicyTier, Stop, StopStatus, Tool
+from console.lib import sql
 
 _MISSING = object()
 
@@ -94,6 +96,17 @@ def for_token(token: str | None) -> Catalog:
                 _current = Catalog(token=token)
             catalog = _current
     return catalog
+
+
+def held() -> Catalog:
+    """The current catalog, with the configuration held still until the caller's transaction
+    ends (PostgreSQL: the generation row share-locked; SQLite serializes writers anyway): no
+    tool, rule, tier, allowed tool or stop changes between this read and the caller's commit,
+    and a change committed before it is seen. For a decision that must not commit on
+    configuration withdrawn meanwhile (the dispatcher's claim). Call inside `atomic`."""
+    connection = sql.connection_for(PolicyGeneration)
+    row = sql.fetchone(connection, queries.token_for_share_sql(connection.vendor), [])
+    return for_token(row[0] if row else None)
 
 
 def current() -> Catalog:

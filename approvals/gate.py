@@ -113,7 +113,7 @@ def reevaluate(*, principal: AgentPrincipal | None, task: Task, tool: Tool, argu
     catalog = catalog or current_catalog()
     try:
         if principal is not None:
-            _authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
+            authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
         elif not tool.enabled:
             raise NotPermitted(f"The tool {tool.name} is disabled.", details={"tool": tool.name})
     except NotPermitted as exc:
@@ -183,14 +183,27 @@ def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
 # --- 2. authorization -----------------------------------------------------------------------
 
 def authorize(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
-    _authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
+    authorize_principal(principal=principal, task=task, tool=tool, catalog=catalog)
     stop = active_stop(tenant_id=task.tenant_id, agent_id=principal.pk, tool_id=tool.pk, catalog=catalog)
     if stop is not None:
-        raise NotPermitted(f"Stopped: {stop.describe()} ({stop.reason}). No new calls until it is resumed.",
-                           details={"stop_id": stop.stop_id, "scope": stop.scope})
+        raise NotPermitted(_stopped(stop), details={"stop_id": stop.stop_id, "scope": stop.scope})
 
 
-def _authorize_principal(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
+def stop_refusal(*, task: Task, principal: AgentPrincipal, tool: Tool, args_hash: str,
+                 catalog: Catalog | None = None) -> GateResult | None:
+    """A stop in force over this call, as the gate's refusal with its reason (a proposal
+    records it like any refusal, so a repeat is answered the same); None when nothing stops it."""
+    stop = active_stop(tenant_id=task.tenant_id, agent_id=principal.pk, tool_id=tool.pk, catalog=catalog)
+    if stop is None:
+        return None
+    return GateResult(decision=Decision.REFUSED, arguments_hash=args_hash, reasons=(_stopped(stop),))
+
+
+def _stopped(stop) -> str:
+    return f"Stopped: {stop.describe()} ({stop.reason}). No new calls until it is resumed."
+
+
+def authorize_principal(*, principal: AgentPrincipal, task: Task, tool: Tool, catalog: Catalog | None = None) -> None:
     if not principal.is_active or task.tenant_id != principal.tenant_id:
         raise NotPermitted("This principal may not act on this task.", details={"task_id": task.task_id})
     if not tool.enabled:

@@ -6,6 +6,8 @@ tests/console/test_queries.py checks every statement against it and runs it once
 
 from __future__ import annotations
 
+from functools import cache
+
 from approvals.models import PolicyGeneration
 from console.lib import sql
 
@@ -14,6 +16,19 @@ from console.lib import sql
 TOKEN_SUBQUERY = (f"(SELECT {sql.column(PolicyGeneration, 'token', 'g')} FROM {sql.table(PolicyGeneration)} g "
                   f"WHERE {sql.column(PolicyGeneration, 'pk', 'g')} = 1)")
 
+
+
+@cache
+def token_for_share_sql(vendor: str) -> str:
+    """The generation's token, its row share-locked until the reader's transaction ends: a
+    configuration change (whose triggers rewrite that row) waits for the reader to commit, and
+    one committed before is seen. The dispatcher's claim reads it first."""
+    connection = sql.connection_for(PolicyGeneration)
+    return (f"SELECT {sql.column(PolicyGeneration, 'token', 'g')} FROM {sql.table(PolicyGeneration)} g "
+            f"WHERE {sql.column(PolicyGeneration, 'pk', 'g')} = 1{sql.for_share(connection)}")
+
+
 SHAPES = {
     "TOKEN_SUBQUERY": sql.Shape(tables={"g": PolicyGeneration}, scalars=1),
+    "token_for_share_sql": sql.Shape(tables={"g": PolicyGeneration}, scalars=1),
 }

@@ -13,6 +13,7 @@ from typing import Protocol
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
@@ -132,10 +133,16 @@ def approval_propose_edit(*, approval_id: str, editor: AbstractBaseUser, approva
 
 
 def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str = "",
-                  arguments_hash: str | None = None, as_editor: bool = False) -> ApprovalRequest:
+                  arguments_hash: str | None = None, as_editor: bool = False,
+                  now_requires: tuple[int, int] | None = None) -> ApprovalRequest:
     """Record one reviewer's approval; the last one needed moves the request to `approved`
     (the caller, `ledger.decisions.approval_approve`, then authorizes the operation in the same
     transaction). A request still short of approvals stays `pending`.
+
+    `now_requires`: (tier, approvals) the policy asks of the call now. Stricter than what the
+    request was filed with, the request is raised to it first (never lowered), and the reviewer
+    and the count are checked against the raised request: the approval may then be given
+    without authorizing anything.
 
     The request's proposer is refused, except `as_editor`: the editor's approval of the call they
     just edited (`ledger.decisions.approval_edit_and_approve`), which counts once — the edit is
@@ -149,6 +156,7 @@ def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str =
         if arguments_hash is not None and arguments_hash != request.arguments_hash:
             raise Conflict("The arguments changed since you looked; reload the request.")
         refuse_if_frozen(request)
+        raised = _raise_requirement(request, reviewer, now_requires) if now_requires else ""
         try:
             with transaction.atomic():
                 _decision_create(request, reviewer, ApprovalDecision.Verdict.APPROVE, reason)
@@ -159,15 +167,35 @@ def approval_give(*, approval_id: str, reviewer: AbstractBaseUser, reason: str =
             record_event(
                 entity=ApprovalRequest.EVENT_ENTITY, entity_id=request.approval_id, tenant_id=request.tenant_id,
                 kind=Event.Kind.APPROVAL_GIVEN, to_status=request.status, actor=user_ref(reviewer),
-                reason=f"approval {approvals} of {request.approvals_needed}: {reason}".strip(),
-                evidence={"arguments_hash": request.arguments_hash},
+                reason=f"approval {approvals} of {request.approvals_needed}{raised}: {reason}".strip(),
+                evidence={"arguments_hash": request.arguments_hash, "raised": bool(raised)},
             )
             return request
         _trace_wait(request, outcome="approved")
         transition(request, to=ApprovalStatus.APPROVED, actor=user_ref(reviewer), reason=reason,
-                   evidence={"arguments_hash": request.arguments_hash, "approvals": approvals},
+                   evidence={"arguments_hash": request.arguments_hash, "approvals": approvals, "raised": bool(raised)},
                    changes={"decided_at": timezone.now()})
     return request
+
+
+def _raise_requirement(request: ApprovalRequest, reviewer: AbstractBaseUser, now_requires: tuple[int, int]) -> str:
+    """Raise the locked request to what the policy asks now, if that is more (tier or
+    approvals), saying so in its reasons; refuse a reviewer below the raised tier. Returns the
+    note for the approval's event ("" when nothing was raised)."""
+    tier, needed = max(request.risk_tier, now_requires[0]), max(request.approvals_needed, now_requires[1])
+    if (tier, needed) == (request.risk_tier, request.approvals_needed):
+        return ""
+    note = (f"; the policy now requires L{tier}, {needed} approval(s) "
+            f"(filed at L{request.risk_tier}, {request.approvals_needed})")
+    max_tier = reviewer_max_tier(reviewer, request.tenant_id)
+    if max_tier is None or tier > max_tier:
+        raise NotPermitted(f"This call is now L{tier} (the policy changed since it was filed); "
+                           f"you may approve up to L{max_tier}.", details={"risk_tier": tier})
+    request.escalation_reasons = [*request.escalation_reasons,
+                                  f"raised when approved by {reviewer.get_username()}{note}"]
+    request.risk_tier, request.approvals_needed = tier, needed
+    request.save(update_fields=["risk_tier", "approvals_needed", "escalation_reasons"])
+    return note
 
 
 def _decision_create(request: ApprovalRequest, reviewer: AbstractBaseUser, verdict: str,
@@ -238,6 +266,24 @@ def approval_close(*, approval_id: str, to: str, actor: str, reason: str, eviden
         request = _locked_request(approval_id)
         moved = transition(request, to=to, actor=actor, reason=reason, evidence=evidence, changes=changes)
     return request, moved
+
+
+def approvals_thaw(*, requests: QuerySet[ApprovalRequest], frozen_since, resumed_at) -> int:
+    """A stop that froze these requests ended at `resumed_at`: each still open (pending, or
+    approved and not yet dispatched) that was alive when the freeze began gets the time it was
+    frozen added to its expiry, so a stop never eats a reviewer's time. Bookkeeping of the
+    resume (no status changes, so no events; the resume's own event says when and why).
+    Returns how many were given time back."""
+    thawed = 0
+    with transaction.atomic():
+        for request in (requests.select_for_update().filter(
+                status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED], expires_at__gt=frozen_since)
+                .order_by("pk")):
+            frozen = resumed_at - max(frozen_since, request.created_at)
+            if frozen.total_seconds() > 0:
+                ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=request.expires_at + frozen)
+                thawed += 1
+    return thawed
 
 
 def approval_consume(*, approval_id: str, actor: str) -> ApprovalRequest:

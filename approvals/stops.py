@@ -50,15 +50,27 @@ def active_stop(*, tenant_id: int, agent_id: int | None = None, tool_id: int | N
 def stopped_operations_q() -> Q:
     """Operations (by their tenant, principal and tool columns) under a stop in force; an
     empty `Q(pk__in=[])` when nothing is stopped."""
+    return _stopped_q(agent_field="principal_id")
+
+
+def stopped_requests_q() -> Q:
+    """Approval requests (by their tenant, requesting agent and tool) frozen by a stop in force."""
+    return _stopped_q(agent_field="requested_by_id")
+
+
+def in_scope_q(stop: Stop, *, agent_field: str) -> Q:
+    """The rows (with tenant_id, tool_id and `agent_field`) within one stop's scope."""
+    if stop.scope == Stop.Scope.AGENT:
+        return Q(**{agent_field: stop.agent_id})
+    if stop.scope == Stop.Scope.TOOL:
+        return Q(tenant_id=stop.tenant_id, tool_id=stop.tool_id)
+    return Q(tenant_id=stop.tenant_id)
+
+
+def _stopped_q(*, agent_field: str) -> Q:
     q = Q(pk__in=[])
-    for tenant_id, scope, agent_id, tool_id in Stop.objects.filter(status=StopStatus.STOPPED).values_list(
-            "tenant_id", "scope", "agent_id", "tool_id"):
-        if scope == Stop.Scope.AGENT:
-            q |= Q(principal_id=agent_id)
-        elif scope == Stop.Scope.TOOL:
-            q |= Q(tenant_id=tenant_id, tool_id=tool_id)
-        else:
-            q |= Q(tenant_id=tenant_id)
+    for stop in Stop.objects.filter(status=StopStatus.STOPPED).only("tenant_id", "scope", "agent_id", "tool_id"):
+        q |= in_scope_q(stop, agent_field=agent_field)
     return q
 
 

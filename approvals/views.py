@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from approvals import selectors
 from approvals.filters import InboxFilterSet
 from approvals.forms import ApproveForm, ArgumentsForm, RejectForm
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from approvals.selectors import ReviewerScope, decorate_rows, review_context
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
@@ -215,12 +215,12 @@ def _domain_error(request: HttpRequest, approval_id: str, exc: DomainError, **fo
 @login_required
 @require_POST
 def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
-    _get_approval_for_user(request.user, approval_id)
+    before = _get_approval_for_user(request.user, approval_id)
     form = ApproveForm(request.POST)
     form.is_valid()
     data = getattr(form, "cleaned_data", {})
     try:
-        decisions.approval_approve(
+        after = decisions.approval_approve(
             approval_id=approval_id, reviewer=request.user, reason=(data.get("reason") or "").strip(),
             arguments_hash=data.get("arguments_hash") or None,
         )
@@ -228,8 +228,21 @@ def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
         return _domain_error(request, approval_id, exc, approve_form=form)
     if wants_fragment(request):
         return _after_decision(request, approval_id)
-    messages.success(request, "Your approval is recorded.")
+    messages.success(request, _approval_recorded(before, after))
     return redirect(reverse("approvals:detail", args=[approval_id]))
+
+
+def _approval_recorded(before: ApprovalRequest, after: ApprovalRequest) -> str:
+    """What the reviewer is told: recorded, how many of how many while more are needed, and
+    that the policy asks more now when approving raised the request."""
+    if after.status != ApprovalStatus.PENDING:
+        return "Your approval is recorded."
+    given = after.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).count()
+    message = f"Your approval is recorded ({given} of {after.approvals_needed})"
+    if (after.risk_tier, after.approvals_needed) != (before.risk_tier, before.approvals_needed):
+        message += (f"; the policy now requires L{after.risk_tier}, {after.approvals_needed} approval(s) (the request "
+                    f"was filed at L{before.risk_tier}, {before.approvals_needed}), so the call is not authorized yet")
+    return message + "."
 
 
 @login_required

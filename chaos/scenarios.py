@@ -7,7 +7,9 @@ Numbers follow the issue: 1 kill after provider success, 2 kill before the dispa
 11 approval stale while queued, 9 worker clocks off by ±30 s; 6 the database connection cut
 mid-commit (dbdrop.py); 4 concurrent identical proposals, 5 one call ID with other arguments and
 12 two workers claiming one task (races.py); 13–15 pool children or workers killed, or workers
-stopped, at random moments under a mixed-fault load (random_kills.py).
+stopped, at random moments under a mixed-fault load (random_kills.py); 16 authority withdrawn
+(tool disabled, agent deactivated, tier raised, tenant stopped) at a random moment around
+dispatch (authority.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from chaos import invariants
+from chaos.authority import authority_withdrawn
 from chaos.dbdrop import connection_drop
 from chaos.invariants import Expect, Finding
 from chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
@@ -285,6 +288,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(15, "random-stop-worker", random_faults("stop"), pool=None, restart_stalled=True),
     Scenario(16, "kill-http-tool", kill_http_tool),
     Scenario(17, "kill-mcp-tool", kill_mcp_tool, mcp_server=True),
+    Scenario(18, "authority-withdrawn", authority_withdrawn),
 )}
 
 

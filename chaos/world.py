@@ -36,6 +36,8 @@ REFUND = "chaos.refund"  # native idempotency key, retries rate limits and 503s
 NO_IDEMPOTENCY = "chaos.refund-no-idempotency"  # scenario 8: the provider cannot be asked
 NO_RETRY = "chaos.refund-no-retry"  # scenario 10: nothing is retryable
 NEEDS_APPROVAL = "chaos.refund-approval"  # scenario 11: L3, one reviewer
+AUTHORITY = "chaos.refund-authority"  # scenario 18: runs at once (L1); disabled or raised mid-trial
+AUTHORITY_APPROVAL = "chaos.refund-authority-approval"  # scenario 18: L3, one reviewer
 
 _TOOL_BASE = dict(
     adapter="payments.refund", json_schema=REFUND_SCHEMA, kind=Tool.Kind.WRITE, queue=Tool.Queue.FAST,
@@ -49,6 +51,8 @@ CHAOS_TOOLS = {
     NO_IDEMPOTENCY: {"idempotency": Tool.Idempotency.NONE},
     NO_RETRY: {"retryable_errors": []},
     NEEDS_APPROVAL: {"base_tier": 3},
+    AUTHORITY: {"base_tier": 1},
+    AUTHORITY_APPROVAL: {"base_tier": 3},
 }
 
 

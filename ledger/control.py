@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from approvals import gate, stops
+from approvals import services as approval_services
 from approvals.models import ApprovalRequest, ApprovalStatus, Stop
 from console.lib.errors import NotFound, NotPermitted
 from console.models import AgentPrincipal, Membership, Role
@@ -50,12 +51,11 @@ def stop_resume(*, stop_id: str, user: AbstractBaseUser, reason: str = "") -> St
     claim holds anything another stop still covers)."""
     with transaction.atomic():
         stop = stops.stop_resume(stop_id=stop_id, user=user, reason=reason)
-        scope = Q(tenant_id=stop.tenant_id)
-        if stop.scope == Stop.Scope.AGENT:
-            scope &= Q(principal_id=stop.agent_id)
-        elif stop.scope == Stop.Scope.TOOL:
-            scope &= Q(tool_id=stop.tool_id)
-        _push_again_on_commit(Operation.objects.filter(scope))
+        # The expiry clock stood still while the requests were frozen: they get that time back.
+        approval_services.approvals_thaw(
+            requests=ApprovalRequest.objects.filter(stops.in_scope_q(stop, agent_field="requested_by_id")),
+            frozen_since=stop.created_at, resumed_at=stop.resumed_at)
+        _push_again_on_commit(Operation.objects.filter(stops.in_scope_q(stop, agent_field="principal_id")))
     return stop
 
 

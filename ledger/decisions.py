@@ -24,9 +24,11 @@ from django.utils import timezone
 
 from approvals import gate
 from approvals import services as approval_services
+from approvals.catalog import held as held_catalog
 from approvals.gate import Decision
 from approvals.models import ApprovalRequest, ApprovalStatus, Tool
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
+from console.models import AgentPrincipal
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_propose, task_settle_waiting
@@ -48,8 +50,14 @@ def approval_approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: st
 def _approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: str, arguments_hash: str | None,
              as_editor: bool = False) -> ApprovalRequest:
     with transaction.atomic():
+        verdict = _verdict_now(approval_id)
+        if verdict is not None and verdict.refused:
+            raise Conflict("This call is refused now, so it cannot be approved: " + "; ".join(verdict.reasons),
+                           details={"reasons": list(verdict.reasons), "status": "refused"})
+        now_requires = (verdict.risk_tier, verdict.approvals_needed) if verdict is not None and verdict.needs_approval else None
         request = approval_services.approval_give(approval_id=approval_id, reviewer=reviewer, reason=reason,
-                                                  arguments_hash=arguments_hash, as_editor=as_editor)
+                                                  arguments_hash=arguments_hash, as_editor=as_editor,
+                                                  now_requires=now_requires)
         if request.status == ApprovalStatus.APPROVED:
             ledger_services.operation_authorize(
                 operation_id=request.operation_id, actor=user_ref(reviewer),
@@ -57,6 +65,22 @@ def _approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: str, argum
             )
             task_settle_waiting(task_id=request.task_id, actor=user_ref(reviewer), reason="no call waits any more")
     return request
+
+
+def _verdict_now(approval_id: str) -> gate.GateResult | None:
+    """The gate's verdict now on the request's call (the agent, the tool and the policy as they
+    are, the configuration held still until the approval commits), or None for no such request
+    (the approval then answers 404). What the dispatcher checks again at the claim, checked
+    where a person decides, so a reviewer never authorizes on a policy that changed since."""
+    catalog = held_catalog()
+    operation = (Operation.objects.select_related("tool", "task")
+                 .filter(approval_requests__approval_id=approval_id).first())
+    if operation is None:
+        return None
+    principal = (None if operation.compensates_id is not None
+                 else AgentPrincipal.objects.select_related("tenant").get(pk=operation.principal_id))
+    return gate.reevaluate(principal=principal, task=operation.task, tool=operation.tool,
+                           arguments=operation.arguments, args_hash=operation.arguments_hash, catalog=catalog)
 
 
 def approval_reject(*, approval_id: str, reviewer: AbstractBaseUser, reason: str) -> ApprovalRequest:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from approvals import gate
 from approvals import services as approval_services
 from approvals.catalog import Catalog
-from approvals.catalog import current as current_catalog
+from approvals.catalog import held as held_catalog
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
 from approvals.stops import active_stop
 from console.access import reviewer_max_tier
@@ -36,6 +36,7 @@ from ledger.adapters import adapter_for
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
 from ledger.queries import STILL_MINE_SQL as _STILL_MINE_SQL
+from ledger.queries import agent_for_share_sql as _agent_for_share_sql
 from ledger.queries import claim_sql as _claim_sql
 from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
 from ledger.seams import seam
@@ -86,6 +87,11 @@ def _claim(operation_id: str, *, worker: str):
     or a string naming why there is nothing to do."""
     now = timezone.now()
     with transaction.atomic():
+        # The configuration (tiers, rules, allowed tools, stops) as of now, held still until this
+        # claim commits: first, so the tool read with the operation below is as fresh as it, and
+        # so a withdrawal either committed before (and is seen) or waits for this claim to end.
+        # Never a `dispatched` that commits after a withdrawal it did not see.
+        catalog = held_catalog()
         claimed = _lock_for_claim(operation_id)
         if claimed is None:
             return "missing"
@@ -93,8 +99,6 @@ def _claim(operation_id: str, *, worker: str):
         if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
-        # The configuration (tiers, rules, allowed tools, stops) as of now, read once for the claim.
-        catalog = current_catalog()
         held = _held(operation, catalog)
         if held:
             return held
@@ -235,8 +239,7 @@ def _recheck_authority(operation: Operation, approval: ApprovalRequest | None, c
     approvals now required. Never dispatched on authority that no longer holds."""
     # A compensation is asked for by people to undo an effect: the agent's authority is not
     # what stands behind it (the agent may be the reason for it), the tool and the policy are.
-    principal = (None if operation.compensates_id is not None
-                 else AgentPrincipal.objects.select_related("tenant").get(pk=operation.principal_id))
+    principal = None if operation.compensates_id is not None else _held_principal(operation.principal_id)
     verdict = gate.reevaluate(principal=principal, task=operation.task, tool=operation.tool,
                               arguments=operation.arguments, args_hash=operation.arguments_hash, catalog=catalog)
     if verdict.refused:
@@ -250,10 +253,27 @@ def _recheck_authority(operation: Operation, approval: ApprovalRequest | None, c
         else:
             services.operation_cancel(operation_id=operation.operation_id, actor=ACTOR, reason=reason)
         return "cancelled:authority_withdrawn"
-    if operation.status == OperationStatus.AUTHORIZED and verdict.needs_approval and _stricter(operation, approval, verdict):
+    if verdict.needs_approval and _stricter(operation, approval, verdict):
+        if operation.status == OperationStatus.RETRY_SAFE:
+            # A retry is a new dispatch, and the policy would now hold it for approvals the call
+            # never had; its earlier attempt provably had no effect: it fails with the reason
+            # (the agent proposes again, under the policy as it is), as a refused retry does.
+            reason = (f"approval required again: the policy now requires L{verdict.risk_tier}, "
+                      f"{verdict.approvals_needed} approval(s); a retry does not run on the old authority")
+            services.operation_fail(operation_id=operation.operation_id, actor=ACTOR, reason=reason,
+                                    evidence={"reasons": list(verdict.reasons)})
+            return "failed:approval_required_again"
         decisions.approval_require_again(operation=operation, approval=approval, verdict=verdict, actor=ACTOR)
         return "held:approval_required_again"
     return None
+
+
+def _held_principal(principal_id: int) -> AgentPrincipal:
+    """The agent as it is now, its row share-locked until the claim commits: a deactivation
+    committed before is seen, one after waits for the claim."""
+    connection = sql.connection_for(AgentPrincipal)
+    sql.fetchone(connection, _agent_for_share_sql(connection.vendor), [principal_id])
+    return AgentPrincipal.objects.select_related("tenant").get(pk=principal_id)
 
 
 def _stricter(operation: Operation, approval: ApprovalRequest | None, verdict: gate.GateResult) -> bool:

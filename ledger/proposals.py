@@ -176,7 +176,13 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             gate.validate_arguments(tool=tool, arguments=arguments)
         except InvalidInput as exc:
             raise _InvalidArguments(exc, task=task, tool=tool) from exc
-        gate.authorize(principal=principal, task=task, tool=tool, catalog=policy)
+        gate.authorize_principal(principal=principal, task=task, tool=tool, catalog=policy)
+        # A stop refuses the call as the gate's other refusals do: recorded, and a repeat of the
+        # call ID is answered the same from the ledger (after the resume too: a new call ID runs).
+        stopped = gate.stop_refusal(task=task, principal=principal, tool=tool, args_hash=args_hash, catalog=policy)
+        if stopped is not None:
+            return _refuse(stopped, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool,
+                           args_hash=args_hash)
 
         intent = intent_hash(tool=tool.name, arguments=arguments, principal=principal.ref)
         if known_operation:

@@ -13,7 +13,7 @@ from functools import cache
 from approvals import queries as approval_queries
 from approvals.models import PolicyGeneration, Tool
 from console.lib import sql
-from console.models import Tenant
+from console.models import AgentPrincipal, Tenant
 from ledger.models import Call, Operation, ToolCircuit
 from runs.models import Lease, Task
 
@@ -39,6 +39,15 @@ def claim_sql(vendor: str) -> str:
         f"LEFT JOIN {sql.table(ToolCircuit)} c ON {_col(ToolCircuit, 'tool', 'c')} = {_col(Operation, 'tool', 'o')} "
         f"WHERE {_col(Operation, 'pk', 'o')} = %s{sql.for_update(connection, of='o')}"
     )
+
+
+@cache
+def agent_for_share_sql(vendor: str) -> str:
+    """The dispatcher's claim holds the proposing agent still (active or not) until it commits.
+    Parameter: the agent's id."""
+    connection = sql.connection_for(AgentPrincipal)
+    return (f"SELECT {_col(AgentPrincipal, 'pk', 'a')} FROM {sql.table(AgentPrincipal)} a "
+            f"WHERE {_col(AgentPrincipal, 'pk', 'a')} = %s{sql.for_share(connection)}")
 
 
 # The dispatcher's check, just before the provider call, that the claim is still its own.
@@ -82,6 +91,8 @@ SHAPES = {
         tables={"o": Operation, "f": Operation, "t": Tool, "k": Task, "c": ToolCircuit},
         params=((Operation, "status"), (Operation, "operation_id")),
         loads=(Operation, Tool, Task, ToolCircuit), scalars=1),
+    "agent_for_share_sql": sql.Shape(
+        tables={"a": AgentPrincipal}, params=((AgentPrincipal, "pk"),), scalars=1),
     "STILL_MINE_SQL": sql.Shape(
         tables={"": Operation},
         params=((Operation, "operation_id"), (Operation, "status"), (Operation, "fencing_token")), scalars=1),

@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.stops import stopped_operations_q
+from approvals.stops import stopped_operations_q, stopped_requests_q
 from console.lib.errors import Conflict
 from ledger import decisions, services, tasks
 from ledger.models import Operation, OperationStatus
@@ -72,6 +72,9 @@ def run_sweep(now=None) -> dict[str, int]:
 
     overdue = ApprovalRequest.objects.filter(
         status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED], expires_at__lt=now
+    ).exclude(
+        # Frozen by a stop: the expiry clock stands still (resuming gives the time back).
+        stopped_requests_q()
     ).values_list("approval_id", flat=True)
     for approval_id in overdue[:BATCH]:
         try:

@@ -131,6 +131,12 @@ def for_update(connection, of: str = "") -> str:
     return " FOR UPDATE"
 
 
+def for_share(connection) -> str:
+    """` FOR SHARE` (readers share the row, a writer waits for them all to end), or nothing
+    where rows cannot be locked (SQLite serializes writers with its IMMEDIATE transactions)."""
+    return " FOR SHARE" if connection.vendor == "postgresql" else ""
+
+
 def cursor(connection):
     """The cursor these statements run on. On PostgreSQL one that binds parameters on the
     server, so psycopg prepares a statement run often (settings: DATABASE_PREPARE_THRESHOLD)

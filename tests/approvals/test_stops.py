@@ -3,6 +3,8 @@ the gate and the approval services read (no new proposals, pending approvals fro
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from approvals import stops
@@ -10,6 +12,7 @@ from approvals.models import PolicyGeneration, Stop, StopStatus, Tool
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from console.models import Event, Role
 from ledger import decisions
+from ledger.models import Call, Operation
 from ledger.proposals import call_propose
 from tests.conftest import make_user
 from tests.factories import events_of, make_pending_approval
@@ -100,12 +103,48 @@ def test_an_agent_of_another_tenant_cannot_be_stopped_from_this_one(tenant, outs
 # -- no new proposals ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scope", ["tenant", "agent", "tool"])
-def test_a_stop_refuses_new_proposals_in_its_scope(tenant, agent, admin, running_task, scope):
+def test_a_stop_refuses_new_proposals_in_its_scope_and_records_the_refused_call(tenant, agent, admin, running_task,
+                                                                               scope):
     extra = {"agent": agent} if scope == "agent" else {"tool": refund_tool()} if scope == "tool" else {}
     stops.stop_create(tenant_id=tenant.pk, scope=scope, user=admin, reason="incident", **extra)
 
-    with pytest.raises(NotPermitted, match="Stopped: .*incident"):
-        propose(agent, running_task)
+    answer = propose(agent, running_task)
+
+    assert (answer.decision, answer.operation_id, answer.outcome.final) == ("refused", None, True)
+    assert len(answer.reasons) == 1 and re.match(r"Stopped: .*incident", answer.reasons[0])
+    call = Call.objects.get(call_id="c1")
+    assert call.operation_id is None and call.refusal["reasons"] == list(answer.reasons)
+    assert not Operation.objects.exists()
+    [refused] = events_of("call", "c1")
+    assert (refused.kind, refused.to_status) == (Event.Kind.CALL_REFUSED, "refused")
+
+
+def test_a_stop_refused_call_is_answered_the_same_on_repeat_while_the_stop_holds(tenant, agent, admin,
+                                                                                running_task):
+    stops.stop_create(tenant_id=tenant.pk, scope=Stop.Scope.TENANT, user=admin, reason="incident")
+    first = propose(agent, running_task)
+
+    again = propose(agent, running_task)
+
+    assert (again.decision, again.reasons, again.operation_id, again.repeat) == ("refused", first.reasons, None, True)
+    assert Call.objects.filter(call_id="c1").count() == 1
+
+
+def test_after_the_resume_a_stop_refused_call_id_stays_refused_and_a_new_call_id_runs(tenant, agent, admin,
+                                                                                    running_task):
+    """As every refusal: the refusal stands for that call ID; the agent proposes again under a
+    new call ID (the step had no operation, so the same step ID is free)."""
+    stop = stops.stop_create(tenant_id=tenant.pk, scope=Stop.Scope.TENANT, user=admin, reason="incident")
+    refused = propose(agent, running_task, call_id="c1")
+    stops.stop_resume(stop_id=stop.stop_id, user=admin)
+
+    assert propose(agent, running_task, call_id="c1").reasons == refused.reasons
+    assert propose(agent, running_task, call_id="c1").decision == "refused"
+    fresh = call_propose(principal=agent, task_id=running_task.task_id, call_id="c2", step_id="c1",
+                         tool_name="payments.refund",
+                         arguments={"order_id": "ord-1", "amount": 20, "currency": "EUR", "reason": "damaged"},
+                         expected_version=running_task.version, fencing_token=running_task.fencing_token)
+    assert fresh.decision == "dispatched" and fresh.operation_id is not None
 
 
 def test_a_tool_stop_leaves_the_other_tools_and_tenants_alone(tenant, agent, outsider_agent, admin, running_task):
@@ -162,8 +201,7 @@ def test_a_stop_after_the_gate_cached_its_configuration_holds_the_next_call_at_o
     assert propose(agent, running_task, call_id="c1").decision == "dispatched"  # the cache is warm
     stop = stops.stop_create(tenant_id=tenant.pk, scope=Stop.Scope.AGENT, agent=agent, user=admin, reason="now")
 
-    with pytest.raises(NotPermitted, match="Stopped"):
-        propose(agent, running_task, call_id="c2")
+    assert propose(agent, running_task, call_id="c2").decision == "refused"
 
     stops.stop_resume(stop_id=stop.stop_id, user=admin)
     assert propose(agent, running_task, call_id="c3").decision == "dispatched"

@@ -382,6 +382,38 @@ def test_deciding_an_already_decided_request_says_who_decided(client, reviewer, 
     assert fresh(mine)[0].status == "approved"
 
 
+def test_approving_a_request_whose_tier_was_raised_says_it_now_needs_more_approvals(client, senior, make_approval):
+    from approvals.models import Tool
+
+    l3 = make_approval(risk_tier=3)
+    Tool.objects.filter(name="payments.refund").update(base_tier=4)
+    client.force_login(senior)
+
+    response = client.post(approve_url(l3), {"arguments_hash": l3.arguments_hash}, follow=True)
+
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "Your approval is recorded (1 of 2)" in body
+    assert "the policy now requires L4, 2 approval(s)" in body
+    approval, operation = fresh(l3)
+    assert (approval.status, operation.status) == ("pending", "planned")
+
+
+def test_approving_a_call_refused_now_is_409_with_the_reason(client, reviewer, mine):
+    from approvals.models import Tool
+
+    Tool.objects.filter(name="payments.refund").update(enabled=False)
+    client.force_login(reviewer)
+
+    for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+        response = client.post(approve_url(mine), {"arguments_hash": mine.arguments_hash}, **headers)
+        assert response.status_code == 409
+        assert "The tool payments.refund is disabled" in response.content.decode()
+    approval, operation = fresh(mine)
+    assert (approval.status, operation.status) == ("pending", "planned")
+    assert not ApprovalDecision.objects.exists()
+
+
 def test_approving_other_arguments_than_shown_is_409(client, reviewer, mine):
     client.force_login(reviewer)
     response = client.post(approve_url(mine), {"arguments_hash": "0" * 64})

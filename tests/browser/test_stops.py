@@ -9,7 +9,6 @@ from playwright.sync_api import expect
 
 from approvals import stops
 from approvals.models import ApprovalRequest, Stop, StopStatus
-from console.lib.errors import NotPermitted
 from console.models import Role
 from ledger.proposals import call_propose
 from runs.models import Task
@@ -51,10 +50,11 @@ def test_an_admin_stops_an_agent_another_sees_it_live_and_resumes_it(asgi_server
     # The other admin's page shows it without a reload.
     expect(watcher.locator("#stops-in-force")).to_contain_text("Agent acme/agent is stopped")
     expect(watcher.locator("#stops-in-force")).to_contain_text("runaway refunds")
-    # The agent's next call is refused.
-    with pytest.raises(NotPermitted, match="Stopped"):
-        call_propose(principal=agent, task_id=run.task_id, call_id="c1", step_id="s1", tool_name="orders.lookup",
-                     arguments={"order_id": "ord-1"}, expected_version=run.version, fencing_token=run.fencing_token)
+    # The agent's next call is refused (and recorded as a refused call).
+    refused = call_propose(principal=agent, task_id=run.task_id, call_id="c1", step_id="s1", tool_name="orders.lookup",
+                           arguments={"order_id": "ord-1"}, expected_version=run.version,
+                           fencing_token=run.fencing_token)
+    assert refused.decision == "refused" and refused.reasons[0].startswith("Stopped")
 
     watcher.get_by_role("button", name="Resume").click()
     expect(watcher.locator("#nothing-stopped")).to_be_visible()

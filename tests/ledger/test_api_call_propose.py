@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.models import ApprovalRequest
-from console.models import Event
+from approvals import stops
+from approvals.models import ApprovalRequest, Stop
+from console.models import Event, Role
 from ledger.models import Attempt, Call, Operation
+from tests.conftest import make_user
 from tests.fixtures.api import MAIL, assert_error, call_body, refund
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
@@ -108,6 +110,22 @@ def test_a_refusal_is_200_with_reasons_and_no_operation(api, agent):
     assert (body["decision"]["outcome"], body["status"], body["operation_id"]) == ("refused", "refused", None)
     assert body["reasons"] == ["amount 30 exceeds what is left of the budget: 10 of 10"]
     assert not Operation.objects.exists()
+
+
+def test_a_call_refused_by_a_stop_is_200_refused_and_the_same_answer_on_repeat(api, agent, running_task):
+    stops.stop_create(tenant_id=agent.tenant_id, scope=Stop.Scope.AGENT, agent=agent,
+                      user=make_user("boss", agent.tenant, Role.ADMIN), reason="incident 7")
+
+    first = api.post(url(running_task.task_id), call_body(running_task), format="json")
+    again = api.post(url(running_task.task_id), call_body(running_task), format="json")
+
+    assert (first.status_code, again.status_code) == (200, 200)
+    body = first.json()
+    assert (body["decision"]["outcome"], body["status"], body["operation_id"], body["final"]) == (
+        "refused", "refused", None, True)
+    assert "Stopped: agent" in body["reasons"][0] and "incident 7" in body["reasons"][0]
+    assert again.json() == body
+    assert Call.objects.filter(operation__isnull=True).count() == 1
 
 
 def test_arguments_against_the_schema_are_400_with_the_errors(api, running_task):

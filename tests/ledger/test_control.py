@@ -14,7 +14,7 @@ from approvals import stops
 from approvals.models import ApprovalRequest, ApprovalStatus, Stop, Tool
 from console.lib.errors import Conflict, InvalidInput, NotPermitted
 from console.models import Event, Role
-from ledger import control, dispatcher
+from ledger import control, decisions, dispatcher
 from ledger.adapters import get_adapter
 from ledger.adapters.base import ABSENT
 from ledger.dispatcher import run_dispatch
@@ -280,3 +280,87 @@ def test_a_task_paused_by_its_budget_still_runs_what_was_approved_within_it(agen
 
     assert run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
     assert len(effects_of(payments_url, operation)) == 1
+
+
+# -- the expiry clock stops while a request is frozen ------------------------------------------
+
+def _back(seconds: float):
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("scope", ["tenant", "agent", "tool"])
+def test_a_frozen_request_does_not_expire_while_the_stop_holds(agent, tools, admin, scope):
+    request = make_pending_approval(agent, risk_tier=3, ttl_seconds=60)
+    target = {"agent": agent} if scope == "agent" else {"tool": Tool.objects.get(name="payments.refund")} \
+        if scope == "tool" else {}
+    stop(admin, scope, **target)
+
+    run_sweep(now=an_hour_later())
+
+    assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.PENDING
+    assert reload(request.operation).status == S.PLANNED
+
+
+def test_an_unfrozen_request_still_expires(agent, tools, admin, other_tenant):
+    request = make_pending_approval(agent, risk_tier=3, ttl_seconds=60)
+    stops.stop_create(tenant_id=other_tenant.pk, scope="tenant", user=make_user("theirs", other_tenant, Role.ADMIN),
+                      reason="elsewhere")
+
+    run_sweep(now=an_hour_later())
+
+    assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.EXPIRED
+
+
+@pytest.mark.parametrize("approved", [False, True], ids=["pending", "approved"])
+def test_resuming_gives_a_frozen_request_back_the_time_it_was_frozen(agent, tools, admin, reviewer, approved):
+    """The request was filed 10 minutes ago with an hour to live; the stop held it for the last
+    5 minutes: after the resume it expires 5 minutes later than it would have."""
+    request = make_pending_approval(agent, risk_tier=3, ttl_seconds=3600)
+    ApprovalRequest.objects.filter(pk=request.pk).update(created_at=_back(600))
+    if approved:
+        decisions.approval_approve(approval_id=request.approval_id, reviewer=reviewer, reason="ok")
+    expires_at = ApprovalRequest.objects.get(pk=request.pk).expires_at
+    held = stop(admin)
+    Stop.objects.filter(pk=held.pk).update(created_at=_back(300))
+
+    resumed = control.stop_resume(stop_id=held.stop_id, user=admin)
+
+    frozen = resumed.resumed_at - Stop.objects.get(pk=held.pk).created_at
+    assert ApprovalRequest.objects.get(pk=request.pk).expires_at == expires_at + frozen
+
+
+def test_a_request_filed_during_the_stop_gets_back_only_its_own_frozen_time(agent, tools, admin):
+    held = stop(admin)
+    Stop.objects.filter(pk=held.pk).update(created_at=_back(300))
+    request = make_pending_approval(agent, risk_tier=3, ttl_seconds=3600)
+    ApprovalRequest.objects.filter(pk=request.pk).update(created_at=_back(120))
+    stored = ApprovalRequest.objects.get(pk=request.pk)
+
+    resumed = control.stop_resume(stop_id=held.stop_id, user=admin)
+
+    assert ApprovalRequest.objects.get(pk=request.pk).expires_at == stored.expires_at + (
+        resumed.resumed_at - stored.created_at)
+
+
+def test_a_request_already_past_its_expiry_when_stopped_is_not_revived(agent, tools, admin):
+    request = make_pending_approval(agent, risk_tier=3, ttl_seconds=3600)
+    ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=_back(400))
+    held = stop(admin)
+    Stop.objects.filter(pk=held.pk).update(created_at=_back(300))
+
+    control.stop_resume(stop_id=held.stop_id, user=admin)
+
+    assert ApprovalRequest.objects.get(pk=request.pk).expires_at < timezone.now()
+    run_sweep()
+    assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.EXPIRED
+
+
+def test_a_request_outside_the_resumed_scope_keeps_its_expiry(agent, tools, admin):
+    request = make_pending_approval(agent, risk_tier=3, tool_name="mail.send")
+    expires_at = request.expires_at
+    held = stop(admin, "tool", tool=Tool.objects.get(name="payments.refund"))
+    Stop.objects.filter(pk=held.pk).update(created_at=_back(300))
+
+    control.stop_resume(stop_id=held.stop_id, user=admin)
+
+    assert ApprovalRequest.objects.get(pk=request.pk).expires_at == expires_at

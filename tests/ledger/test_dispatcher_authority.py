@@ -267,3 +267,20 @@ def test_the_agent_is_told_its_call_waits_for_the_approvals_now_required(approve
     assert (body["status"], body["decision"]["outcome"], body["risk_tier"]) == ("planned", "awaiting_approval", 4)
     assert (body["approval"]["approval_id"], body["approval"]["approvals_needed"]) == (new.approval_id, 2)
     assert any("asked again" in reason for reason in body["reasons"])
+
+
+def test_a_retry_after_the_tier_was_raised_to_need_an_approval_fails_without_a_second_attempt(agent, tools,
+                                                                                            payments_url, unique):
+    """A retry is a new dispatch: the policy it would run under now asks for an approval the
+    call never had. The earlier attempt provably had no effect, so the retry fails with the
+    reason (propose again, under the new policy) rather than run on the old authority."""
+    operation = make_operation(agent, "payments.refund", status=S.RETRY_SAFE,
+                               arguments=refund_arguments(unique("ord")))
+    Tool.objects.filter(name="payments.refund").update(base_tier=3)
+
+    assert run_dispatch(operation.operation_id, worker="test") == "failed:approval_required_again"
+
+    assert reload(operation).status == S.FAILED
+    assert "the policy now requires L3" in events_of(Event.Entity.OPERATION, operation.operation_id)[-1].reason
+    assert len(attempts_of(operation)) == 1  # the earlier attempt only
+    assert effects_of(payments_url, operation) == []

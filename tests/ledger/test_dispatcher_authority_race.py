@@ -14,8 +14,9 @@ from django.db import connection
 from approvals import stops
 from approvals.models import ApprovalRequest, PolicyTier, Stop, StopStatus, Tool
 from console.lib.errors import Conflict
+from console.lib.procs import wait_until
 from console.models import AgentPrincipal, Role
-from ledger import control, decisions, dispatcher
+from ledger import control, decisions, dispatcher, seams
 from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
 from tests.conftest import make_user
@@ -218,3 +219,59 @@ def test_authority_withdrawn_at_random_moments_is_never_dispatched_on(agent, too
     print(f"\nauthority withdrawn at random moments: {tally}, dispatched on withdrawn authority: {len(violations)}")
     assert violations == []
     assert tally["withdrawn_first"] > 0
+
+
+def _backend_waits_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return bool(row) and row[0] == "Lock"
+
+
+@pytest.mark.parametrize("kind", WITHDRAWALS)
+def test_a_claim_that_read_its_authority_before_a_withdrawal_commits_before_it_or_not_at_all(
+        agent, tools, admin, payments_url, unique, kind):
+    """The claim has read the tool, the policy and the agent and is about to commit
+    `dispatched` when a withdrawal commits on another connection. Its attempt must be in the
+    ledger by the time the withdrawal's commit returns (the withdrawal waited for it), or it
+    must not be dispatched at all: never an attempt that commits after the withdrawal."""
+    operation = authorized_refund(agent, unique("ord"))
+    at_seam, release = threading.Event(), threading.Event()
+
+    def hold_before_the_commit(name: str, operation_id: str) -> None:
+        if name == "before_dispatch_commit" and operation_id == operation.operation_id:
+            at_seam.set()
+            assert release.wait(timeout=30)
+
+    previous = seams.install(hold_before_the_commit)
+    withdrawal: dict = {}
+
+    def take_away():
+        withdrawal["pid"] = connection.cursor().connection.info.backend_pid
+        withdraw(kind, agent=agent, admin=admin)
+        withdrawal["attempts_at_commit"] = [a.number for a in attempts_of(operation)]
+        connection.close()
+
+    try:
+        result: list[str] = []
+        worker = threading.Thread(target=lambda: (result.append(run_dispatch(operation.operation_id, worker="A")),
+                                                  connection.close()))
+        worker.start()
+        assert at_seam.wait(timeout=30)
+        taker = threading.Thread(target=take_away)
+        taker.start()
+        # The withdrawal has either committed or is waiting for the claim's locks.
+        wait_until(lambda: "attempts_at_commit" in withdrawal or
+                   ("pid" in withdrawal and _backend_waits_on_a_lock(withdrawal["pid"])),
+                   timeout=30, what="the withdrawal to commit or wait", interval=0.01)
+        release.set()
+        worker.join(timeout=60)
+        taker.join(timeout=60)
+    finally:
+        release.set()
+        seams.install(previous)
+    numbers = [a.number for a in attempts_of(operation)]
+    assert numbers == withdrawal["attempts_at_commit"], (
+        f"{kind}: attempts {numbers} in the ledger, {withdrawal['attempts_at_commit']} when the withdrawal "
+        f"committed; dispatch said {result}")
+    assert len(effects_of(payments_url, operation)) == len(numbers)
