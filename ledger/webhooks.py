@@ -212,9 +212,3 @@ def webhooks_enqueue_due(*, now=None, limit: int = 500) -> int:
         tasks.enqueue_webhook(pk)
     return len(ids)
 
-
-def webhooks_of(operation: Operation) -> list[WebhookEvent]:
-    """An operation's webhook events with their attempts, for its page."""
-    return list(WebhookEvent.objects.filter(operation=operation).select_related("principal")
-                .prefetch_related("deliveries").order_by("id"))
-

@@ -13,6 +13,7 @@ import pytest
 import standardwebhooks
 from countersign import webhooks as client_webhooks
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from console.lib import safe_http, standard_webhooks
@@ -302,3 +303,22 @@ def test_public_addresses_are_public(address):
 def test_urls_no_setting_allows_are_refused(url, why):
     with pytest.raises(safe_http.RefusedAddress, match=why):
         safe_http.post(url, content=b"", headers={}, timeout=1, allow_private=True)
+
+
+# --- where people see them -------------------------------------------------------------------
+
+
+def test_the_operation_page_shows_the_agents_webhooks_and_their_attempts(hooked, reviewer, receiver, client):
+    receiver.answers = [500]
+    approval = _held(hooked)
+    decisions.approval_approve(approval_id=approval.approval_id, reviewer=reviewer)
+    (event,) = _deliver_all()
+    client.force_login(reviewer)
+
+    page = client.get(reverse("operations:detail", args=[approval.operation_id]))
+
+    assert page.status_code == 200
+    section = page.content.decode().split('id="op-webhooks"', 1)[1]
+    assert event.webhook_id in section
+    assert "call.decided" in section and "pending" in section
+    assert "attempt 1" in section and "HTTP 500" in section and "retry at" in section
