@@ -3,8 +3,7 @@
 An agent principal may have a webhook URL and a signing secret (by reference: the name of an
 environment variable or setting holding `whsec_…`; admin). Then every move of one of its
 operations that decides a held call (approved, rejected, expired, cancelled — by a person, the
-sweeper or the dispatcher's re-check — or asked again under a stricter policy) is a
-`call.decided` event, and every move into a final status a `call.final` event.
+sweeper or the dispatcher's re-check) is a `call.decided` event, and every move into a final status a `call.final` event.
 
 Outbox: `webhooks_plan` runs inside the transaction that moved the operation (called by
 `ledger.services`) and writes the event row, with the body as of that commit; the delivery is
@@ -60,7 +59,6 @@ DECIDING_MOVES = frozenset({
     (OperationStatus.PLANNED, OperationStatus.AUTHORIZED),  # approved
     *((held, to) for held in _HELD for to in (OperationStatus.REJECTED, OperationStatus.EXPIRED,
                                               OperationStatus.CANCELLED)),
-    (OperationStatus.AUTHORIZED, OperationStatus.PLANNED),  # the policy now asks more: held again
 })
 
 

@@ -19,6 +19,7 @@ from django.utils import timezone
 from console.lib import safe_http, standard_webhooks
 from console.models import AgentPrincipal
 from ledger import decisions, webhooks
+from ledger import services as ledger_services
 from ledger.models import OperationStatus, WebhookDelivery, WebhookEvent, WebhookStatus
 from tests.factories import make_approval_request, make_operation, record_outcome
 from tests.fixtures.webhook_receiver import WebhookReceiver
@@ -102,6 +103,18 @@ def test_an_expiry_by_the_sweeper_is_a_decision(hooked):
 
     assert [(e.kind, e.payload["data"]["decision"]["outcome"]) for e in WebhookEvent.objects.order_by("id")] == [
         ("call.decided", "expired"), ("call.final", "expired")]
+
+
+def test_an_approved_call_refused_at_the_dispatchers_re_check_is_a_decision(hooked):
+    operation = make_operation(hooked, status=S.AUTHORIZED)
+    WebhookEvent.objects.all().delete()
+
+    ledger_services.operation_cancel(operation_id=operation.operation_id, actor="system:dispatcher",
+                                     reason="tool disabled")
+
+    assert [(e.kind, e.payload["data"]["decision"]["outcome"], e.payload["data"]["decision"]["reason"])
+            for e in WebhookEvent.objects.order_by("id")] == [("call.decided", "cancelled", "tool disabled"),
+                                                              ("call.final", "cancelled", "tool disabled")]
 
 
 def test_a_rolled_back_decision_leaves_no_event(hooked, reviewer):
