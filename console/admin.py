@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 
 from console.lib.admin import ReadOnlyAdmin
@@ -25,13 +26,34 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username"]
 
 
+class AgentPrincipalForm(forms.ModelForm):
+    webhook_url = forms.URLField(required=False, max_length=500, assume_scheme="https",
+                                 help_text=AgentPrincipal._meta.get_field("webhook_url").help_text)
+
+    class Meta:
+        model = AgentPrincipal
+        fields = ["tenant", "name", "allowed_tools", "is_active", "api_rate_per_minute", "webhook_url",
+                  "webhook_secret_ref", "webhook_disabled_at"]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("webhook_url") and not data.get("webhook_secret_ref"):
+            self.add_error("webhook_secret_ref", "A webhook needs the name of the variable holding its signing secret.")
+        ref = data.get("webhook_secret_ref") or ""
+        if ref and not ref.replace("_", "").isalnum():
+            self.add_error("webhook_secret_ref", "The name of an environment variable (letters, digits, _), "
+                                                 "not the secret itself.")
+        return data
+
+
 @admin.register(AgentPrincipal)
 class AgentPrincipalAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "token_prefix", "is_active", "created_at"]
+    list_display = ["name", "tenant", "token_prefix", "is_active", "webhook_url", "created_at"]
     list_filter = ["tenant", "is_active"]
     readonly_fields = ["token_prefix", "created_at"]
     filter_horizontal = ["allowed_tools"]
     actions = ["rotate_token"]
+    form = AgentPrincipalForm
 
     def save_model(self, request, obj, form, change):
         if not change:

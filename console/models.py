@@ -74,6 +74,19 @@ class AgentPrincipal(models.Model):
     api_rate_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Requests a minute for this token (agent API and OTLP); empty: the "
         "API_RATE_PER_TOKEN setting; 0: no limit.")
+    # Decision webhooks (ledger.webhooks). The signing secret is held by reference, like a
+    # tool's credential: the name of an environment variable (or setting) of the worker whose
+    # value is the `whsec_…` secret. The database never holds it.
+    webhook_url = models.URLField(
+        max_length=500, blank=True, default="",
+        help_text="Countersign POSTs call.decided and call.final here, signed per Standard Webhooks. Empty: none.")
+    webhook_secret_ref = models.CharField(
+        max_length=100, blank=True, default="",
+        help_text="Name of the environment variable (or setting) holding the whsec_ signing secret, e.g. "
+                  "AGENT_REFUNDS_WEBHOOK_SECRET. Required with a URL.")
+    webhook_disabled_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Set when the receiver answered 410 Gone: nothing is sent until this is cleared.")
 
     class Meta:
         constraints = [

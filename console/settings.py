@@ -311,6 +311,7 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-sweep": {"task": "ledger.sweep", "schedule": SWEEP_SECONDS},
     # Deliveries whose broker message was lost are queued again (the table decides, not the broker).
     "approval-notifications": {"task": "approvals.enqueue_due_notifications", "schedule": 10.0},
+    "ledger-webhooks": {"task": "ledger.enqueue_due_webhooks", "schedule": 10.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
@@ -432,6 +433,16 @@ NOTIFICATION_MAX_ATTEMPTS = env.int("NOTIFICATION_MAX_ATTEMPTS", 5, validate=Ran
 NOTIFICATION_BACKOFF_SECONDS = env.float("NOTIFICATION_BACKOFF_SECONDS", 2.0, validate=Range(min=0))
 NOTIFICATION_BACKOFF_CAP_SECONDS = env.float("NOTIFICATION_BACKOFF_CAP_SECONDS", 600.0, validate=Range(min=0))
 NOTIFICATION_TIMEOUT_SECONDS = env.float("NOTIFICATION_TIMEOUT_SECONDS", 5.0, validate=Range(min=0.1))
+# --- Decision webhooks to agents (ledger.webhooks; an agent's URL and secret in the admin) -----
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", 10, validate=Range(min=1))
+# Attempt n waits base · 2^(n−1), capped, with jitter (a random share of up to half of it).
+WEBHOOK_BACKOFF_SECONDS = env.float("WEBHOOK_BACKOFF_SECONDS", 5.0, validate=Range(min=0))
+WEBHOOK_BACKOFF_CAP_SECONDS = env.float("WEBHOOK_BACKOFF_CAP_SECONDS", 3600.0, validate=Range(min=0))
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", 10.0, validate=Range(min=0.1))
+# Loopback, private, link-local and other non-public addresses are refused at connect time
+# (server-side request forgery), except where this allows them: embedded mode by default, where
+# the agents run on the same machine.
+WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env.bool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", EMBEDDED)
 # An approval still undecided after this share of its time reminds its tier's reviewers, and
 # after the second share is escalated to the next tier's reviewers.
 APPROVAL_REMIND_SHARE = env.float("APPROVAL_REMIND_SHARE", 0.5, validate=Range(min=0.01, max=1))

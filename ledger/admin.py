@@ -3,11 +3,18 @@ from __future__ import annotations
 from django.contrib import admin
 
 from console.lib.admin import ReadOnlyAdmin
-from ledger.models import Attempt, Call, LivenessAlert, Operation, WorkerHeartbeat
+from ledger.models import (
+    Attempt,
+    Call,
+    LivenessAlert,
+    Operation,
+    WebhookDelivery,
+    WebhookEvent,
+    WorkerHeartbeat,
+)
 
 
-class AttemptInline(admin.TabularInline):
-    model = Attempt
+class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
@@ -16,6 +23,15 @@ class AttemptInline(admin.TabularInline):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+class AttemptInline(ReadOnlyInline):
+    model = Attempt
+
+
+class WebhookDeliveryInline(ReadOnlyInline):
+    model = WebhookDelivery
+    fields = ["number", "started_at", "status_code", "error", "duration_ms", "next_retry_at", "url", "response_body"]
 
 
 @admin.register(Operation)
@@ -46,3 +62,14 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
 @admin.register(LivenessAlert)
 class LivenessAlertAdmin(ReadOnlyAdmin):
     list_display = ["raised_at", "cleared_at", "oldest_due_seconds", "due_count"]
+
+
+@admin.register(WebhookEvent)
+class WebhookEventAdmin(ReadOnlyAdmin):
+    """The decision webhooks sent to agents, each with its delivery attempts."""
+
+    list_display = ["webhook_id", "kind", "call_id", "operation_status", "principal", "status", "attempts",
+                    "next_attempt_at", "created_at"]
+    list_filter = ["status", "kind", "tenant"]
+    search_fields = ["webhook_id", "call_id", "operation__operation_id"]
+    inlines = [WebhookDeliveryInline]

@@ -12,7 +12,6 @@ import math
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -37,12 +36,12 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
+from ledger.answers import DecisionSerializer, OperationOutputSerializer
 from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
     FINAL_STATUSES,
-    Outcome,
     call_detail,
     call_for_principal,
     call_operation_status,
@@ -51,90 +50,6 @@ from ledger.selectors import (
 )
 
 MAX_WAIT_SECONDS = 30.0
-
-
-class DecisionSerializer(serializers.Serializer):
-    outcome = serializers.ChoiceField(
-        choices=Outcome.choices,
-        help_text="dispatched (the gate ran it at once), awaiting_approval, approved, rejected (by a reviewer), "
-                  "refused (by the gate), expired, cancelled.")
-    by = serializers.CharField(allow_null=True, help_text="Who decided: system:gate, user:<name>, system:<part>.")
-    at = serializers.DateTimeField(allow_null=True)
-    reason = serializers.CharField(allow_null=True, help_text="The reviewer's (or the system's) reason.")
-    approvals_given = serializers.IntegerField()
-    approvals_needed = serializers.IntegerField()
-    expires_at = serializers.DateTimeField(allow_null=True, help_text="When the approval request expires.")
-    url = serializers.SerializerMethodField(help_text="The approval page, for a person.")
-
-    class Meta:
-        ref_name = "CallDecision"
-
-    def get_url(self, outcome) -> str | None:
-        if outcome.approval_id is None:
-            return None
-        path = reverse("approvals:detail", args=[outcome.approval_id])
-        request = self.context.get("request")
-        return request.build_absolute_uri(path) if request is not None else path
-
-
-class OperationOutputSerializer(serializers.Serializer):
-    class Attempt(serializers.Serializer):
-        number = serializers.IntegerField()
-        fact = serializers.CharField(allow_null=True, help_text="not_sent, known_failure, unknown, known_success")
-        started_at = serializers.DateTimeField()
-        finished_at = serializers.DateTimeField(allow_null=True)
-        error_class = serializers.CharField(allow_blank=True)
-        error_code = serializers.CharField(allow_blank=True)
-        latency_ms = serializers.IntegerField(allow_null=True)
-        stale = serializers.BooleanField(help_text="A late result of a superseded worker, kept as evidence.")
-
-        class Meta:
-            ref_name = "Attempt"
-
-    class Approval(serializers.Serializer):
-        approval_id = serializers.CharField()
-        status = serializers.CharField()
-        call_id = serializers.CharField()
-        risk_tier = serializers.IntegerField()
-        approvals_needed = serializers.IntegerField()
-        approvals_given = serializers.IntegerField()
-        reasons = serializers.ListField(child=serializers.CharField())
-        arguments_hash = serializers.CharField()
-        state_version = serializers.IntegerField()
-        expires_at = serializers.DateTimeField()
-        decided_at = serializers.DateTimeField(allow_null=True)
-        pending = serializers.BooleanField()
-
-        class Meta:
-            ref_name = "Approval"
-
-    operation_id = serializers.CharField(allow_null=True, help_text="None for a call the gate refused.")
-    call_id = serializers.CharField()
-    task_id = serializers.CharField()
-    step_id = serializers.CharField()
-    tool = serializers.CharField()
-    status = serializers.ChoiceField(choices=CALL_STATUSES,
-                                     help_text="The operation's status; `refused` for a call the gate refused.")
-    decision = DecisionSerializer()
-    final = serializers.BooleanField(help_text="Nothing more will happen to this call.")
-    task_version = serializers.IntegerField(help_text="The task's version now.")
-    reasons = serializers.ListField(child=serializers.CharField())
-    risk_tier = serializers.IntegerField(allow_null=True)
-    idempotency_key = serializers.CharField()
-    arguments_hash = serializers.CharField()
-    attempt_count = serializers.IntegerField()
-    attempts = Attempt(many=True)
-    receipt = serializers.JSONField(allow_null=True)
-    result = serializers.JSONField(allow_null=True)
-    last_error = serializers.CharField(allow_blank=True)
-    approval = Approval(allow_null=True)
-    call_ids = serializers.ListField(child=serializers.CharField(),
-                                     help_text="Every call ID that maps to this operation.")
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
-
-    class Meta:
-        ref_name = "Operation"
 
 
 def printable(value: str) -> None:

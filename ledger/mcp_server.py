@@ -33,7 +33,6 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin
 
 import mcp_types as types
 from django.conf import settings
@@ -52,7 +51,7 @@ from console.api import error_body, principal_for_authorization
 from console.lib.errors import Conflict, DomainError, RateLimited
 from console.models import AgentPrincipal
 from console.ratelimit import rate_limit_hit
-from ledger.api import OperationOutputSerializer
+from ledger.answers import answer_json
 from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, call_propose
 from ledger.selectors import FINAL_STATUSES, Outcome, call_detail, call_for_principal
@@ -138,16 +137,6 @@ class _Sessions:
 # --- reading and waiting ---------------------------------------------------------------------
 
 
-class _BaseUrl:
-    """What DecisionSerializer asks of a request: the approval page's absolute URL."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-
-    def build_absolute_uri(self, path: str) -> str:
-        return urljoin(self.base, path)
-
-
 def _call_state(principal: AgentPrincipal, call_id: str, task_id: str) -> tuple[int, str, bool]:
     call = call_for_principal(principal=principal, call_id=call_id, task_id=task_id)
     detail = call_detail(call)
@@ -156,8 +145,7 @@ def _call_state(principal: AgentPrincipal, call_id: str, task_id: str) -> tuple[
 
 def _call_body(principal: AgentPrincipal, call_id: str, task_id: str, base_url: str) -> dict[str, Any]:
     call = call_for_principal(principal=principal, call_id=call_id, task_id=task_id)
-    data = OperationOutputSerializer(call_detail(call), context={"request": _BaseUrl(base_url)}).data
-    return json.loads(JSONRenderer().render(data))
+    return answer_json(call_detail(call), base_url=base_url)
 
 
 async def _wait(principal: AgentPrincipal, call_id: str, task_id: str, seconds: float) -> None:

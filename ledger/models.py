@@ -225,3 +225,64 @@ class LivenessAlert(models.Model):
 
     def __str__(self) -> str:
         return f"liveness alert {self.raised_at:%Y-%m-%d %H:%M:%S}" + (" (cleared)" if self.cleared_at else "")
+
+
+class WebhookEventKind(models.TextChoices):
+    DECIDED = "call.decided"  # the decision on a held call: approved, rejected, expired, cancelled, asked again
+    FINAL = "call.final"  # nothing more will happen to the call
+
+
+class WebhookStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # attempts spent, the URL refused, or the receiver answered 410 Gone
+
+
+class WebhookEvent(models.Model):
+    """The outbox of decision webhooks: one row per event, written in the transaction that moved
+    the operation (so a decision that commits has its event, and a rolled-back one has none),
+    sent afterwards by a task (`ledger.webhooks.webhook_deliver`). `payload` is the body as of
+    that commit; `webhook_id` is Standard Webhooks' message ID, the same on every attempt."""
+
+    webhook_id = models.CharField(max_length=40, unique=True)
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="+")
+    principal = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="webhook_events")
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="webhook_events")
+    call_id = models.CharField(max_length=64)
+    kind = models.CharField(max_length=20, choices=WebhookEventKind.choices)
+    operation_status = models.CharField(max_length=32, help_text="The operation's status the event tells of.")
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=WebhookStatus.choices, default=WebhookStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="webhook_event_due")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.call_id} ({self.status})"
+
+
+class WebhookDelivery(models.Model):
+    """One attempt to deliver a webhook event, as it went."""
+
+    event = models.ForeignKey(WebhookEvent, on_delete=models.CASCADE, related_name="deliveries")
+    number = models.PositiveIntegerField()
+    url = models.CharField(max_length=500)
+    started_at = models.DateTimeField()
+    status_code = models.IntegerField(null=True, blank=True, help_text="Empty: no answer (refused, timeout, error).")
+    error = models.CharField(max_length=500, blank=True)
+    response_body = models.CharField(max_length=500, blank=True, help_text="The first bytes of the answer.")
+    duration_ms = models.IntegerField(null=True, blank=True)
+    next_retry_at = models.DateTimeField(null=True, blank=True, help_text="Empty: no further attempt.")
+
+    class Meta:
+        ordering = ["event", "number"]
+        constraints = [models.UniqueConstraint(fields=["event", "number"], name="webhook_delivery_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.event.webhook_id}#{self.number}"

@@ -20,6 +20,7 @@ from console.models import Event
 from ledger import tasks
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.retry import circuit_note_failure, is_transient_failure
+from ledger.webhooks import webhooks_plan
 
 
 def _get(operation_id: str, *, lock: bool = False) -> Operation:
@@ -28,6 +29,16 @@ def _get(operation_id: str, *, lock: bool = False) -> Operation:
     if operation is None:
         raise NotFound(f"No operation {operation_id}.")
     return operation
+
+
+def _move(operation: Operation, **kwargs: Any) -> bool:
+    """`transition()` of an operation, plus its agent's webhook events for the move, written in
+    the same transaction (an outbox: delivered after the commit, lost with a rollback)."""
+    from_status = operation.status
+    moved = transition(operation, **kwargs)
+    if moved:
+        webhooks_plan(operation, from_status=from_status, to=kwargs["to"])
+    return moved
 
 
 def _enqueue_dispatch_on_commit(operation: Operation) -> None:
@@ -40,7 +51,7 @@ def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evid
     """planned → authorized; the dispatch is enqueued only once this commits."""
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        if transition(operation, to=OperationStatus.AUTHORIZED, actor=actor, reason=reason, evidence=evidence):
+        if _move(operation, to=OperationStatus.AUTHORIZED, actor=actor, reason=reason, evidence=evidence):
             _enqueue_dispatch_on_commit(operation)
     return operation
 
@@ -48,21 +59,21 @@ def operation_authorize(*, operation_id: str, actor: str, reason: str = "", evid
 def operation_reject(*, operation_id: str, actor: str, reason: str) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.REJECTED, actor=actor, reason=reason)
+        _move(operation, to=OperationStatus.REJECTED, actor=actor, reason=reason)
     return operation
 
 
 def operation_expire(*, operation_id: str, actor: str, reason: str) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.EXPIRED, actor=actor, reason=reason)
+        _move(operation, to=OperationStatus.EXPIRED, actor=actor, reason=reason)
     return operation
 
 
 def operation_cancel(*, operation_id: str, actor: str, reason: str) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.CANCELLED, actor=actor, reason=reason)
+        _move(operation, to=OperationStatus.CANCELLED, actor=actor, reason=reason)
     return operation
 
 
@@ -72,7 +83,7 @@ def operation_hold_for_approval(*, operation_id: str, actor: str, reason: str, r
     waits for the approvals now required, at its new tier."""
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.PLANNED, actor=actor, reason=reason, evidence=evidence,
+        _move(operation, to=OperationStatus.PLANNED, actor=actor, reason=reason, evidence=evidence,
                    changes={"risk_tier": risk_tier, "needs_approval": True})
     return operation
 
@@ -100,7 +111,7 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
         token = operation.fencing_token + 1
         attempt = Attempt(operation=operation, number=number, fencing_token=token, worker=worker,
                           started_at=timezone.now())
-        transition(
+        _move(
             operation, to=OperationStatus.DISPATCHED, actor=f"worker:{worker}",
             reason=f"attempt {number}", evidence={"attempt": number, "fencing_token": token},
             guard={"fencing_token": operation.fencing_token, "attempt_count": operation.attempt_count},
@@ -181,7 +192,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
             # token = mine) is the guard. If it loses, nothing was written and the stale path
             # below looks at the rows under lock.
             try:
-                transition(
+                _move(
                     operation, to=to, actor=f"worker:{worker or _attempt_worker(operation_id, attempt_number)}",
                     reason=f"attempt {attempt_number}: {fact}",
                     evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
@@ -199,7 +210,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
         operation = _get(operation_id, lock=True)
         if operation.status == OperationStatus.DISPATCHED and operation.fencing_token == fencing_token:
             # Read stale in memory, current in the database: apply it under the lock.
-            transition(
+            _move(
                 operation, to=to, actor=f"worker:{attempt.worker}", reason=f"attempt {attempt_number}: {fact}",
                 evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
                           "error_code": str(error_code)},
@@ -223,7 +234,7 @@ def operation_mark_unknown(*, operation_id: str, actor: str, reason: str, eviden
     """dispatched → unknown: the worker died or the deadline passed with no recorded outcome."""
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(
+        _move(
             operation, to=OperationStatus.UNKNOWN, actor=actor, reason=reason, evidence=evidence,
             guard={"fencing_token": operation.fencing_token},
             changes={"next_reconcile_at": timezone.now()},
@@ -255,7 +266,7 @@ def operation_confirm(*, operation_id: str, receipt: dict[str, Any], actor: str,
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         _refuse_in_flight(operation, OperationStatus.CONFIRMED)
-        if transition(operation, to=OperationStatus.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
+        if _move(operation, to=OperationStatus.CONFIRMED, actor=actor, reason=reason, evidence=evidence,
                       guard=_token_guard(fencing_token), changes={"receipt": receipt, "next_reconcile_at": None}):
             _settle_compensated_original(operation, to=OperationStatus.CONFIRMED)
     return operation
@@ -269,7 +280,7 @@ def operation_mark_retry_safe(*, operation_id: str, actor: str, reason: str, evi
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         _refuse_in_flight(operation, OperationStatus.RETRY_SAFE)
-        if transition(operation, to=OperationStatus.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
+        if _move(operation, to=OperationStatus.RETRY_SAFE, actor=actor, reason=reason, evidence=evidence,
                       guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
             _enqueue_dispatch_on_commit(operation)
     return operation
@@ -279,7 +290,7 @@ def operation_escalate_manual(*, operation_id: str, actor: str, reason: str, evi
                               fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        if transition(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
+        if _move(operation, to=OperationStatus.MANUAL, actor=actor, reason=reason, evidence=evidence,
                       guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
             notifications_plan_operation(operation)  # support is told, on commit
     return operation
@@ -289,7 +300,7 @@ def operation_require_compensation(*, operation_id: str, actor: str, reason: str
                                    evidence: dict | None = None, fencing_token: int | None = None) -> Operation:
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        if transition(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason,
+        if _move(operation, to=OperationStatus.COMPENSATION_REQUIRED, actor=actor, reason=reason,
                       evidence=evidence, guard=_token_guard(fencing_token), changes={"next_reconcile_at": None}):
             notifications_plan_operation(operation)  # support is told, on commit
     return operation
@@ -302,7 +313,7 @@ def operation_mark_compensated(*, operation_id: str, actor: str, reason: str, ev
         raise InvalidInput("Marking an operation compensated needs evidence.")
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
-        transition(operation, to=OperationStatus.COMPENSATED, actor=actor, reason=reason, evidence=evidence)
+        _move(operation, to=OperationStatus.COMPENSATED, actor=actor, reason=reason, evidence=evidence)
     return operation
 
 
@@ -328,7 +339,7 @@ def operation_fail(*, operation_id: str, actor: str, reason: str, evidence: dict
     with transaction.atomic():
         operation = _get(operation_id, lock=True)
         _refuse_in_flight(operation, OperationStatus.FAILED)
-        transition(operation, to=OperationStatus.FAILED, actor=actor, reason=reason, evidence=evidence,
+        _move(operation, to=OperationStatus.FAILED, actor=actor, reason=reason, evidence=evidence,
                    changes={"next_reconcile_at": None})
     return operation
 

@@ -22,7 +22,7 @@ from approvals.models import ApprovalRequest, Tool
 from console.access import tenant_ids_for
 from console.lib.filtersets import LiveFilterSet
 from console.models import Event
-from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Operation, OperationStatus
+from ledger.models import OPERATION_NEEDS_PERSON, Attempt, Operation, OperationStatus, WebhookEvent
 from ledger.support import PROVIDER_QUERY_ENTITY, VIEW_ROLES
 
 QUEUE_STATUSES = (OperationStatus.UNKNOWN, OperationStatus.MANUAL, OperationStatus.COMPENSATION_REQUIRED)
@@ -161,3 +161,9 @@ def assignee_of(operation: Operation) -> str:
                              evidence__has_key="assigned_to").order_by("-id").first()
     )
     return str(event.evidence.get("assigned_to")) if event else ""
+
+
+def webhook_events_of(operation: Operation) -> list[WebhookEvent]:
+    """The decision webhooks sent to the operation's agent, with their delivery attempts."""
+    return list(WebhookEvent.objects.filter(operation=operation).select_related("principal")
+                .prefetch_related("deliveries").order_by("id"))

@@ -50,3 +50,32 @@ def query_provider(operation_id: str, requested_by: str) -> str:
     from ledger.support import provider_query_run
 
     return provider_query_run(operation_id=operation_id, actor=requested_by).to_status
+
+
+def enqueue_webhook(event_pk: int, *, countdown: float | None = None) -> None:
+    """Publish a webhook delivery. Call only after the event's transaction committed."""
+    deliver_webhook.apply_async(args=[event_pk], countdown=countdown)
+
+
+@shared_task(name="ledger.deliver_webhook", acks_late=True, reject_on_worker_lost=True)
+def deliver_webhook(event_pk: int) -> str:
+    """One attempt; a retry is scheduled from the row's `next_attempt_at` (backoff with jitter).
+    A lost message is found again by beat (`enqueue_due_webhooks`)."""
+    from django.utils import timezone
+
+    from ledger.webhooks import webhook_deliver
+
+    event, attempted = webhook_deliver(event_pk=event_pk)
+    if event is None:
+        return "missing"
+    if attempted and event.status == "pending" and event.next_attempt_at is not None:
+        enqueue_webhook(event.pk, countdown=max(0.0, (event.next_attempt_at - timezone.now()).total_seconds()))
+    return event.status
+
+
+@shared_task(name="ledger.enqueue_due_webhooks")
+def enqueue_due_webhooks() -> int:
+    """Beat: webhook deliveries that are due and whose message was lost."""
+    from ledger.webhooks import webhooks_enqueue_due
+
+    return webhooks_enqueue_due()

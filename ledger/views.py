@@ -118,6 +118,7 @@ def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[s
         "can_settle": (operation.status == OperationStatus.COMPENSATION_REQUIRED
                        and support.can_act(request.user, operation.tenant_id)),
         "compensations": list(operation.compensations.select_related("tool").order_by("created_at")),
+        "webhook_events": selectors.webhook_events_of(operation),
         "authority_notice": control.authority_notice(operation),
         "error": error,
         "error_action": error_action,

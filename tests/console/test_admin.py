@@ -15,14 +15,23 @@ from approvals.models import ApprovalDecision, ApprovalRequest, EscalationRule, 
 from console.lib.ids import derive_operation_id
 from console.models import AgentPrincipal, Event, hash_token
 from ledger.decisions import approval_approve
-from ledger.models import Attempt, Call, LivenessAlert, Operation, OperationStatus, WorkerHeartbeat
+from ledger.models import (
+    Attempt,
+    Call,
+    LivenessAlert,
+    Operation,
+    OperationStatus,
+    WebhookDelivery,
+    WebhookEvent,
+    WorkerHeartbeat,
+)
 from runs.models import Lease, Step, Task
 from tests.factories import make_approval_request, make_operation, make_task
 
 pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
 READ_ONLY = [Operation, Attempt, Call, ApprovalRequest, ApprovalDecision, Event, Task, Step, Lease, WorkerHeartbeat,
-             LivenessAlert]
+             LivenessAlert, WebhookEvent]
 EDITABLE = [Tool, PolicyTier, EscalationRule, AgentPrincipal]
 
 
@@ -53,7 +62,18 @@ def evidence(agent, senior, senior2):
         Lease: Lease.objects.get(task=operation.task),
         WorkerHeartbeat: WorkerHeartbeat.objects.create(name="w1@host", pool="thread", queues=["fast"]),
         LivenessAlert: LivenessAlert.objects.create(oldest_due_seconds=130.0, due_count=3),
+        WebhookEvent: _webhook_event(operation),
     }
+
+
+def _webhook_event(operation: Operation) -> WebhookEvent:
+    event = WebhookEvent.objects.create(
+        webhook_id="msg_admin", tenant_id=operation.tenant_id, principal=operation.principal, operation=operation,
+        call_id=operation.call_id, kind="call.final", operation_status=operation.status, payload={"type": "call.final"},
+        attempts=1, last_error="HTTP 500")
+    WebhookDelivery.objects.create(event=event, number=1, url="https://agent.example/hook",
+                                   started_at=operation.created_at, status_code=500, error="HTTP 500")
+    return event
 
 
 def url(model, view: str, *args) -> str:
@@ -227,3 +247,26 @@ def test_the_database_refuses_to_rewrite_the_event_log(agent, sql):
 def test_the_database_still_accepts_new_events(agent):
     make_operation(agent)
     assert Event.objects.filter(entity="operation").count() == 1
+
+
+def test_an_agents_webhook_needs_the_name_of_its_secret_not_the_secret(admin_client, agent):
+    change = url(AgentPrincipal, "change", agent.pk)
+    form = {"tenant": agent.tenant_id, "name": agent.name, "is_active": "on", "webhook_url": "https://agent.example/hook"}
+
+    missing = admin_client.post(change, {**form, "webhook_secret_ref": ""})
+    pasted = admin_client.post(change, {**form, "webhook_secret_ref": "whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0+/="})
+    named = admin_client.post(change, {**form, "webhook_secret_ref": "AGENT_HOOK_SECRET"})
+
+    assert missing.status_code == pasted.status_code == 200  # the form again, with the error
+    assert b"needs the name of the variable" in missing.content
+    assert b"not the secret itself" in pasted.content
+    assert named.status_code == 302
+    agent.refresh_from_db()
+    assert (agent.webhook_url, agent.webhook_secret_ref) == ("https://agent.example/hook", "AGENT_HOOK_SECRET")
+
+
+def test_a_webhook_event_shows_its_delivery_attempts(admin_client, evidence):
+    page = admin_client.get(url(WebhookEvent, "change", evidence[WebhookEvent].pk))
+
+    assert page.status_code == 200
+    assert b"https://agent.example/hook" in page.content and b"HTTP 500" in page.content

@@ -144,3 +144,22 @@ def test_env_example_lists_every_variable_the_settings_read():
     listed = set(re.findall(r"^#? ?([A-Z_]+)=", (ROOT / ".env.example").read_text(), re.MULTILINE))
     assert len(read) > 50
     assert read - listed == set()
+
+
+def _setting_in(tmp_path: Path, name: str, **variables: str) -> str:
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "SYSTEMROOT")}
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); from django.conf import settings; print(settings.{name})"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**base, "DJANGO_SETTINGS_MODULE": "console.settings", "COUNTERSIGN_VAR_DIR": str(tmp_path), **variables})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_webhooks_to_private_addresses_are_refused_in_production_and_allowed_embedded(tmp_path):
+    production = {"COUNTERSIGN_ENV": "production", "SECRET_KEY": GOOD_SECRET, "AUDIT_SIGNING_KEY": GOOD_AUDIT_KEY}
+
+    assert _setting_in(tmp_path, "WEBHOOK_ALLOW_PRIVATE_ADDRESSES", **production) == "False"
+    assert _setting_in(tmp_path, "WEBHOOK_ALLOW_PRIVATE_ADDRESSES") == "True"
+    assert _setting_in(tmp_path, "WEBHOOK_ALLOW_PRIVATE_ADDRESSES", **production,
+                       WEBHOOK_ALLOW_PRIVATE_ADDRESSES="true") == "True"

@@ -7,12 +7,13 @@ node re-run after a crash or an interrupt gets the existing operation back, neve
 
 A call held for a person interrupts the graph (`interrupt()`) with the approval's data; resuming
 re-runs the node, which re-proposes the same calls and waits for them to be final.
-`resume_when_decided()` waits for the decisions and resumes."""
+`resume_when_decided()` waits for the decisions and resumes; `resume_on_webhook()` resumes when
+Countersign's decision webhook says the call was decided."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -23,6 +24,7 @@ from countersign import _core
 from countersign.client import Client, Task
 from countersign.errors import CallError, NotFinal, OutcomeUnknown
 from countersign.otel import link_span
+from countersign.webhooks import verify
 
 INTERRUPT_KIND = "countersign.approval"
 
@@ -116,20 +118,55 @@ def resume_when_decided(graph: Any, config: RunnableConfig, client: Client, *,
                         timeout: float | None = None) -> Any:
     """Waits until every call the thread's interrupts hold is decided (long-polling the server),
     then resumes the thread. Returns what `graph.invoke` returns."""
-    state = graph.get_state(config)
-    resume: dict[str, Any] = {}
-    for intr in state.interrupts:
-        value = intr.value
-        if not (isinstance(value, dict) and value.get("kind") == INTERRUPT_KIND):
-            continue
-        decided = []
-        for call in value["calls"]:
-            answer = wait_for_decision(client, value["task_id"], call["call_id"], timeout=timeout)
-            decided.append({"call_id": call["call_id"], "outcome": answer["decision"]["outcome"]})
-        resume[intr.id] = {"decided": decided}
-    if not resume:
+    waiting = _waiting_interrupts(graph, config)
+    if not waiting:
         raise ValueError("The thread waits for no Countersign approval.")
+    resume = {}
+    for intr_id, value in waiting:
+        answers = [wait_for_decision(client, value["task_id"], call["call_id"], timeout=timeout)
+                   for call in value["calls"]]
+        resume[intr_id] = _decided(value, answers)
     return graph.invoke(Command(resume=resume), config)
+
+
+def resume_on_webhook(graph: Any, config: RunnableConfig, client: Client, *, headers: Mapping[str, str],
+                      body: bytes | str, secret: str) -> Any | None:
+    """For a decision webhook's receiver: verifies the request (`countersign.webhooks.verify`,
+    raising WebhookVerificationError), and when it is the `call.decided` of a call this thread
+    is interrupted for, and every other call the interrupt holds is decided too (asked once,
+    without waiting), resumes the thread and returns what `graph.invoke` returns. Otherwise
+    returns None: another thread's call, an event already handled (a retried delivery: the
+    thread no longer waits), or a call of the interrupt still waiting — its own webhook will
+    come. `config` names the thread: keep the task ID → thread ID of the interrupts you see
+    (`approvals_waiting(...)[i]["task_id"]`)."""
+    event = verify(headers, body, secret)
+    data = event.get("data") or {}
+    if event.get("type") != "call.decided" or data.get("decision", {}).get("outcome") == "awaiting_approval":
+        return None
+    waiting = [(intr_id, value) for intr_id, value in _waiting_interrupts(graph, config)
+               if value["task_id"] == data.get("task_id")
+               and any(call["call_id"] == data.get("call_id") for call in value["calls"])]
+    if not waiting:
+        return None
+    resume = {}
+    for intr_id, value in waiting:
+        answers = [data if call["call_id"] == data["call_id"] else
+                   client.request("GET", _core.call_path(call["call_id"]), params={"task_id": value["task_id"], "wait": 0})
+                   for call in value["calls"]]
+        if any(not a["final"] and a["decision"]["outcome"] == "awaiting_approval" for a in answers):
+            return None
+        resume[intr_id] = _decided(value, answers)
+    return graph.invoke(Command(resume=resume), config)
+
+
+def _waiting_interrupts(graph: Any, config: RunnableConfig) -> list[tuple[str, dict[str, Any]]]:
+    return [(intr.id, intr.value) for intr in graph.get_state(config).interrupts
+            if isinstance(intr.value, dict) and intr.value.get("kind") == INTERRUPT_KIND]
+
+
+def _decided(value: dict[str, Any], answers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"decided": [{"call_id": call["call_id"], "outcome": answer["decision"]["outcome"]}
+                        for call, answer in zip(value["calls"], answers, strict=True)]}
 
 
 def wait_for_decision(client: Client, task_id: str, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
