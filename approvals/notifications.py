@@ -29,7 +29,6 @@ import json
 from datetime import timedelta
 from typing import Any, Protocol
 
-import httpx
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
@@ -44,6 +43,7 @@ from approvals.models import (
     NotificationChannel,
     NotificationStatus,
 )
+from console.lib import safe_http
 from console.models import RiskTier
 
 MAX_ERROR_CHARS = 1000
@@ -185,15 +185,24 @@ class DeliveryError(Exception):
     pass
 
 
+class RefusedTarget(DeliveryError):
+    """The channel's URL may not be called from here: no attempt will do better."""
+
+
 def _send_webhook(channel: NotificationChannel, body: dict[str, Any]) -> None:
-    timeout = float(settings.NOTIFICATION_TIMEOUT_SECONDS)
+    # The URL was typed into the admin: sent from the worker, it must not reach the machine's own
+    # services or the private network (checked on the address actually connected to).
     try:
-        response = httpx.post(channel.target, content=json.dumps(body), timeout=timeout,
-                              headers={"Content-Type": "application/json", "User-Agent": "Countersign"})
-    except httpx.HTTPError as exc:
-        raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
-    if not 200 <= response.status_code < 300:
-        raise DeliveryError(f"HTTP {response.status_code}: {response.text[:200]}")
+        answer = safe_http.post(
+            channel.target, content=json.dumps(body).encode(), timeout=float(settings.NOTIFICATION_TIMEOUT_SECONDS),
+            headers={"Content-Type": "application/json", "User-Agent": "Countersign"},
+            allow_private=settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
+    except safe_http.RefusedAddress as exc:
+        raise RefusedTarget(f"refused: {exc}") from exc
+    except safe_http.SendFailed as exc:
+        raise DeliveryError(str(exc)) from exc
+    if not 200 <= answer.status < 300:
+        raise DeliveryError(f"HTTP {answer.status}: {answer.body[:200]}")
 
 
 EMAIL_SUBJECTS = {
@@ -262,7 +271,7 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
     ).update(attempts=F("attempts") + 1)
     if claimed != 1:
         return Notification.objects.filter(pk=notification_id).first()
-    error = ""
+    error, final = "", False
     try:
         sender = SENDERS.get(notification.channel.kind)
         if sender is None:
@@ -270,6 +279,7 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
         sender(notification.channel, payload(notification))
     except DeliveryError as exc:
         error = str(exc)[:MAX_ERROR_CHARS] or "delivery failed"
+        final = isinstance(exc, RefusedTarget)
     now = timezone.now()
     if not error:
         Notification.objects.filter(pk=notification.pk).update(status=NotificationStatus.SENT, sent_at=now, next_attempt_at=None)
@@ -278,7 +288,7 @@ def notification_deliver(*, notification_id: int) -> Notification | None:
             row = Notification.objects.select_for_update().get(pk=notification.pk)
             row.errors = [*row.errors, {"attempt": attempt, "at": now.isoformat(), "error": error}]
             row.last_error = error
-            if attempt >= max_attempts():
+            if final or attempt >= max_attempts():
                 row.status, row.next_attempt_at = NotificationStatus.FAILED, None
             else:
                 row.next_attempt_at = now + timedelta(seconds=backoff_seconds(attempt))

@@ -262,3 +262,15 @@ def test_an_operators_alert_goes_to_each_all_tenant_channel_once_and_reports_fai
     assert good.bodies == [{"subject": "Countersign: 3 due", "kind": "liveness", "due": 3}]
     assert len(failing.bodies) == 1
     assert len(errors) == 1 and "HTTP 500" in errors[0]
+
+
+def test_a_webhook_channel_to_a_private_address_is_refused_unless_allowed(agent, settings):
+    """A channel's URL is typed into the admin; sent from the worker it must not reach the
+    machine's own services or the private network (the same rule as agents' webhooks)."""
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = False
+    with Receiver() as receiver:
+        hook = channel(3, "webhook", receiver.url)
+        make_pending_approval(agent, risk_tier=3)
+        row = notifications.notification_deliver(notification_id=Notification.objects.get(channel=hook).pk)
+    assert receiver.bodies == []
+    assert row.status == "failed" and "non-public address" in row.last_error, row.last_error
