@@ -113,7 +113,7 @@ def _preview(approval: ApprovalRequest) -> dict[str, Any] | None:
 
 def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: ApprovalRequest, *,
                     approve_form: ApproveForm | None = None, reject_form: RejectForm | None = None,
-                    error: str = "", error_field: str = "") -> dict[str, Any]:
+                    error: str = "", error_field: str = "", notice: str = "") -> dict[str, Any]:
     operation = approval.operation
     task = approval.task
     tool = operation.tool
@@ -145,6 +145,7 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
         "approve_form": approve_form or ApproveForm(initial={"arguments_hash": approval.arguments_hash}),
         "reject_form": reject_form or RejectForm(),
         "error": error,
+        "notice": notice,
         "error_field": error_field,
         "last_event_id": console_live.cursor_for(request.user, frozenset(scope.tenant_ids)),
         "notifications": selectors.notifications_for(approval.approval_id),
@@ -191,11 +192,11 @@ def _conflict_message(approval: ApprovalRequest, exc: DomainError) -> str:
 
 def _after_decision(request: HttpRequest, approval_id: str, *, status: int = 200,
                     approve_form: ApproveForm | None = None, reject_form: RejectForm | None = None,
-                    error: str = "", error_field: str = "") -> HttpResponse:
+                    error: str = "", error_field: str = "", notice: str = "") -> HttpResponse:
     scope = selectors.reviewer_scope(request.user)
     approval = _get_approval_for_user(request.user, approval_id, scope)
     context = _detail_context(request, scope, approval, approve_form=approve_form, reject_form=reject_form,
-                              error=error, error_field=error_field)
+                              error=error, error_field=error_field, notice=notice)
     template = "approvals/detail.html#review" if wants_fragment(request) else "approvals/detail.html"
     return render(request, template, context, status=status)
 
@@ -227,7 +228,7 @@ def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
     except DomainError as exc:
         return _domain_error(request, approval_id, exc, approve_form=form)
     if wants_fragment(request):
-        return _after_decision(request, approval_id)
+        return _after_decision(request, approval_id, notice=_approval_recorded(before, after))
     messages.success(request, _approval_recorded(before, after))
     return redirect(reverse("approvals:detail", args=[approval_id]))
 

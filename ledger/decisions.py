@@ -58,6 +58,8 @@ def _approve(*, approval_id: str, reviewer: AbstractBaseUser, reason: str, argum
         request = approval_services.approval_give(approval_id=approval_id, reviewer=reviewer, reason=reason,
                                                   arguments_hash=arguments_hash, as_editor=as_editor,
                                                   now_requires=now_requires)
+        if now_requires is not None:
+            ledger_services.operation_raise_tier(operation_id=request.operation_id, risk_tier=request.risk_tier)
         if request.status == ApprovalStatus.APPROVED:
             ledger_services.operation_authorize(
                 operation_id=request.operation_id, actor=user_ref(reviewer),

@@ -88,6 +88,13 @@ def operation_hold_for_approval(*, operation_id: str, actor: str, reason: str, r
     return operation
 
 
+def operation_raise_tier(*, operation_id: str, risk_tier: int) -> None:
+    """A reviewer's approval found the policy stricter and raised the request: the operation's
+    tier follows (never lowered), so what counts it by tier sees the tier it now needs. The
+    request's own event says why; the status does not move."""
+    Operation.objects.filter(pk=operation_id, risk_tier__lt=risk_tier).update(risk_tier=risk_tier)
+
+
 def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
                        locked: Operation | None = None) -> tuple[Operation, Attempt]:
     """authorized | retry_safe → dispatched with a new fencing token and attempt number.

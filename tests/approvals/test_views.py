@@ -382,14 +382,16 @@ def test_deciding_an_already_decided_request_says_who_decided(client, reviewer, 
     assert fresh(mine)[0].status == "approved"
 
 
-def test_approving_a_request_whose_tier_was_raised_says_it_now_needs_more_approvals(client, senior, make_approval):
+@pytest.mark.parametrize("headers", [{}, {"HTTP_HX_REQUEST": "true"}], ids=["page", "htmx"])
+def test_approving_a_request_whose_tier_was_raised_says_it_now_needs_more_approvals(
+        client, senior, make_approval, headers):
     from approvals.models import Tool
 
     l3 = make_approval(risk_tier=3)
     Tool.objects.filter(name="payments.refund").update(base_tier=4)
     client.force_login(senior)
 
-    response = client.post(approve_url(l3), {"arguments_hash": l3.arguments_hash}, follow=True)
+    response = client.post(approve_url(l3), {"arguments_hash": l3.arguments_hash}, follow=True, **headers)
 
     body = response.content.decode()
     assert response.status_code == 200

@@ -31,7 +31,7 @@ def test_an_approval_under_a_raised_tier_is_counted_but_does_not_authorize(agent
 
     stored, operation = fresh(request)
     assert (stored.status, stored.risk_tier, stored.approvals_needed) == (A.PENDING, 4, 2)
-    assert operation.status == S.PLANNED
+    assert (operation.status, operation.risk_tier) == (S.PLANNED, 4)  # the operation's tier follows
     assert stored.decisions.count() == 1
     assert any("the policy now requires L4, 2 approval(s)" in reason for reason in stored.escalation_reasons)
     given = events_of("approval", request.approval_id)[-1]
