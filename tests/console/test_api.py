@@ -110,9 +110,9 @@ def test_a_token_under_another_scheme_is_refused(db):
 
 
 def test_a_wrong_method_and_a_wrong_media_type_have_their_own_codes(agent):
-    wrong_method = agent_client().get("/api/v1/tasks")
+    wrong_method = agent_client().delete("/api/v1/tasks")  # (GET reads a task by its key)
     assert wrong_method.status_code == 405
-    assert wrong_method.json() == error_body("method_not_allowed", 'Method "GET" not allowed.')
+    assert wrong_method.json() == error_body("method_not_allowed", 'Method "DELETE" not allowed.')
     wrong_type = agent_client().post("/api/v1/tasks", data=b"x", content_type="text/plain")
     assert wrong_type.status_code == 415
     assert wrong_type.json()["error"]["code"] == "unsupported_media_type"
