@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from countersign import Client
+from countersign import Client, TaskFinished
 from countersign.langgraph import CountersignToolNode, approvals_waiting, resume_when_decided
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -47,7 +47,10 @@ def build(client: Client, checkpointer: Any, *, on_proposed: Callable[[dict], No
     tools = CountersignToolNode(client, CONTRACT, on_proposed=on_proposed)
 
     def finish(state: MessagesState, config) -> dict[str, Any]:
-        task = tools.task_for(state, config)
+        try:
+            task = tools.task_for(state, config)
+        except TaskFinished:
+            return {}  # finished before a crash lost this step's checkpoint: nothing is left to do
         results = [message.content for message in state["messages"] if isinstance(message, ToolMessage)]
         task.finish(evidence={"refunds": results})
         return {}

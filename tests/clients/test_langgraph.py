@@ -115,3 +115,28 @@ def test_a_rejected_call_resumes_the_graph_with_an_error_the_model_reads(stack, 
     assert second.content == "rejected by user:reviewer: ord-2 was delivered"
     assert Operation.objects.get(pk=held["operation_id"]).status == "rejected"
     judged(tools.tasks["refund-thread-rejected"].task_id)
+
+
+def test_a_restart_after_finish_whose_checkpoint_was_lost_ends_the_thread(stack, agent, reviewer):
+    """The finish node told Countersign and died before LangGraph saved that step: the restarted
+    process runs the node again, the task is already finished (it takes no lease), and the
+    thread ends instead of failing."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    saver = InMemorySaver()
+    client = Client(stack.url, AGENT_TOKEN)
+    graph, tools = langgraph_refund.build(client, saver)
+    config = {"configurable": {"thread_id": "refund-thread-finished"}}
+    graph.invoke({"messages": [("user", "Refund both orders.")]}, config)
+    [waiting] = approvals_waiting(graph, config)
+    decide(stack, waiting["calls"][0]["approval_id"], "approve", reason="ok")
+    resume_when_decided(graph, config, client)
+    task_id = tools.tasks["refund-thread-finished"].task_id
+    assert Task.objects.get(pk=task_id).status not in {"running", "created"}
+    before_finish = next(s for s in graph.get_state_history(config) if s.next == ("finish",))
+
+    restarted, _ = langgraph_refund.build(Client(stack.url, AGENT_TOKEN), saver)  # a new process's node
+    restarted.invoke(None, before_finish.config)
+
+    assert restarted.get_state(config).next == ()
+    assert Task.objects.filter(idempotency_key="refund-thread-finished").count() == 1
