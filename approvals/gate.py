@@ -139,7 +139,8 @@ def _policy_verdict(*, task: Task, tool: Tool, arguments: dict[str, Any], args_h
         requirement=policy.requirement,
         approvals_needed=policy.approvals_needed,
         approval_ttl_seconds=policy.approval_ttl_seconds,
-        shows_preview=policy.shows_preview or tool.has_preview,
+        # The adapter can draw one and the tier shows it (the approval page reads the same).
+        shows_preview=policy.shows_preview and tool.has_preview,
         reasons=tuple(reasons),
     )
 
