@@ -8,6 +8,7 @@ from django.http import HttpResponseRedirect
 from approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
+    AuditReview,
     EscalationRule,
     Notification,
     NotificationChannel,
@@ -67,6 +68,13 @@ class ToolAdmin(admin.ModelAdmin):
 @admin.register(PolicyTier)
 class PolicyTierAdmin(admin.ModelAdmin):
     list_display = ["level", "requirement", "shows_preview", "approval_ttl_seconds", "description"]
+
+
+@admin.register(AuditReview)
+class AuditReviewAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "tenant", "tool", "risk_tier", "status", "reviewed_by", "reviewed_at", "created_at"]
+    list_filter = ["status", "tenant"]
+    search_fields = ["operation__operation_id", "call_id", "note"]
 
 
 @admin.register(EscalationRule)

@@ -465,3 +465,59 @@ class Stop(models.Model):
         if self.scope == self.Scope.TOOL:
             return f"tool {self.tool} in {self.tenant}"
         return f"tenant {self.tenant}"
+
+
+class AuditStatus(models.TextChoices):
+    UNREVIEWED = "unreviewed"
+    REVIEWED = "reviewed"
+    FLAGGED = "flagged"
+
+
+# A review is final: a flag stays a flag, and a call marked reviewed is not reopened.
+AUDIT_TRANSITIONS: dict[str, frozenset[str]] = {
+    AuditStatus.UNREVIEWED: frozenset({AuditStatus.REVIEWED, AuditStatus.FLAGGED}),
+    AuditStatus.REVIEWED: frozenset(),
+    AuditStatus.FLAGGED: frozenset(),
+}
+
+
+class AuditReview(models.Model):
+    """A call the gate ran at once under an audited tier (requirement "run and audit"), waiting
+    for a reviewer to look at it after the fact: marked reviewed, or flagged with a note.
+
+    Written in the proposal's statement, one per operation (its primary key), so a regenerated
+    call for the same step adds none. Reviewers of the call's tier or above in its tenant review
+    it; the person who proposed it (`proposed_by`, an editor whose edit ran at once) does not."""
+
+    TRANSITIONS = AUDIT_TRANSITIONS
+    EVENT_ENTITY = Event.Entity.AUDIT
+
+    operation = models.OneToOneField("ledger.Operation", on_delete=models.PROTECT, primary_key=True,
+                                     related_name="audit_review")
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="+")
+    # Copies of the operation's (fixed for its life), so the list and its filters read this table.
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="+")
+    call_id = models.CharField(max_length=128)
+    risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
+    requested_by = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="+")
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The person who proposed this call (an edit that ran at once); never its reviewer. Empty: the agent.",
+    )
+    status = models.CharField(max_length=16, choices=AuditStatus.choices, default=AuditStatus.UNREVIEWED)
+    note = models.TextField(blank=True)
+    reviewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                                    related_name="+")
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "status", "created_at"], name="audit_list_idx"),
+            models.Index(fields=["tenant", "created_at"], name="audit_day_idx"),
+        ]
+        ordering = ["-created_at", "operation_id"]
+
+    def __str__(self) -> str:
+        return f"audit of {self.operation_id} ({self.status})"
+

@@ -131,6 +131,7 @@ class Event(models.Model):
         LEASE = "lease"
         PROVIDER_QUERY = "provider_query"
         STOP = "stop"  # an emergency stop of a tenant, an agent or a tool, and its resume
+        AUDIT = "audit"  # a call run at once under an audited tier, reviewed or flagged after the fact
 
     class Kind(models.TextChoices):
         TRANSITION = "transition", "transition"

@@ -24,10 +24,17 @@ import rfc8785
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals import catalog, gate
+from approvals import audit, catalog, gate
 from approvals import services as approval_services
 from approvals.gate import Decision
-from approvals.models import ApprovalRequest, ApprovalStatus, EscalationRule, Tool
+from approvals.models import (
+    ApprovalRequest,
+    ApprovalStatus,
+    AuditReview,
+    EscalationRule,
+    PolicyTier,
+    Tool,
+)
 from console.lib import sql
 from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
@@ -198,11 +205,17 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         # first means that writer's row is the answer (`_LostRace` rolls all of it back). The
         # task row is locked, so the new counts are the ones read plus this call's.
         spent = _budget_after(task, tool, arguments)
+        # Run at once under an audited tier: reviewers look at it afterwards (approvals.audit).
+        audited = runs_at_once and result.requirement == PolicyTier.Requirement.RUN_AUDIT
+        audit_entry = [(AuditReview, audit.audit_entry_values(
+            operation_id=operation_id, tenant_id=task.tenant_id, tool_id=tool.pk, call_id=call_id,
+            risk_tier=result.risk_tier, requested_by_id=principal.pk, created_at=now))] if audited else []
         written = sql.update_then_write(
             Task, where={"pk": task.pk}, values=spent, ignore_conflicts=True,
             inserts=[(Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
                              "arguments_hash": args_hash, "created_at": now}),
                      (Operation, sql.values_of(operation)),
+                     *audit_entry,
                      *[(Event, sql.values_of(event)) for event in events]])
         if written is None or None in written[:2]:
             raise _LostRace
