@@ -57,7 +57,8 @@ def audit_review(*, operation_id: str, reviewer: AbstractBaseUser, verdict: str,
     after a review: a conflict that says who reviewed it."""
     note = (note or "").strip()
     with transaction.atomic():
-        entry = AuditReview.objects.select_for_update().select_related("reviewed_by").filter(pk=operation_id).first()
+        entry = (AuditReview.objects.select_for_update(of=("self",)).select_related("reviewed_by")
+                 .filter(pk=operation_id).first())
         if entry is None:
             raise NotFound(f"No audited call {operation_id}.", details={"operation_id": operation_id})
         if entry.proposed_by_id is not None and entry.proposed_by_id == reviewer.pk:
