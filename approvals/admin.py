@@ -9,6 +9,7 @@ from approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
     AuditReview,
+    BudgetCap,
     EscalationRule,
     Notification,
     NotificationChannel,
@@ -68,6 +69,21 @@ class ToolAdmin(admin.ModelAdmin):
 @admin.register(PolicyTier)
 class PolicyTierAdmin(admin.ModelAdmin):
     list_display = ["level", "requirement", "shows_preview", "approval_ttl_seconds", "description"]
+
+
+@admin.register(BudgetCap)
+class BudgetCapAdmin(admin.ModelAdmin):
+    """Ceilings a task contract can only lower (approvals.caps); per day in the tenant's time zone."""
+
+    list_display = ["__str__", "calls_per_task", "writes_per_task", "amount_per_task", "calls_per_day",
+                    "writes_per_day", "amount_per_day", "description"]
+    list_filter = ["tenant"]
+    fieldsets = [
+        (None, {"fields": ["tenant", "agent", "tool", "description"],
+                "description": "Leave agent and tool empty to cap the whole tenant; name one of them to cap it alone."}),
+        ("Per task", {"fields": ["calls_per_task", "writes_per_task", "amount_per_task"]}),
+        ("Per day (the tenant's time zone)", {"fields": ["calls_per_day", "writes_per_day", "amount_per_day"]}),
+    ]
 
 
 @admin.register(AuditReview)
