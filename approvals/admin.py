@@ -8,6 +8,8 @@ from django.http import HttpResponseRedirect
 from approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
+    AuditReview,
+    BudgetCap,
     EscalationRule,
     Notification,
     NotificationChannel,
@@ -67,6 +69,28 @@ class ToolAdmin(admin.ModelAdmin):
 @admin.register(PolicyTier)
 class PolicyTierAdmin(admin.ModelAdmin):
     list_display = ["level", "requirement", "shows_preview", "approval_ttl_seconds", "description"]
+
+
+@admin.register(BudgetCap)
+class BudgetCapAdmin(admin.ModelAdmin):
+    """Ceilings a task contract can only lower (approvals.caps); per day in the tenant's time zone."""
+
+    list_display = ["__str__", "calls_per_task", "writes_per_task", "amount_per_task", "calls_per_day",
+                    "writes_per_day", "amount_per_day", "description"]
+    list_filter = ["tenant"]
+    fieldsets = [
+        (None, {"fields": ["tenant", "agent", "tool", "description"],
+                "description": "Leave agent and tool empty to cap the whole tenant; name one of them to cap it alone."}),
+        ("Per task", {"fields": ["calls_per_task", "writes_per_task", "amount_per_task"]}),
+        ("Per day (the tenant's time zone)", {"fields": ["calls_per_day", "writes_per_day", "amount_per_day"]}),
+    ]
+
+
+@admin.register(AuditReview)
+class AuditReviewAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "tenant", "tool", "risk_tier", "status", "reviewed_by", "reviewed_at", "created_at"]
+    list_filter = ["status", "tenant"]
+    search_fields = ["operation__operation_id", "call_id", "note"]
 
 
 @admin.register(EscalationRule)

@@ -1,6 +1,6 @@
 """The configuration the gate reads on every proposal, cached per process.
 
-Tools, escalation rules, policy tiers, agents' allowed tools and emergency stops change only
+Tools, escalation rules, policy tiers, agents' allowed tools, emergency stops and budget caps change only
 when an administrator edits them, yet the gate read them with four queries per proposal. Database
 triggers (migration 0007) give the one row of `PolicyGeneration` a new random token whenever any
 of those tables is written, by any writer (admin, shell, migration, test). A `Catalog` holds what
@@ -19,7 +19,15 @@ import threading
 from dataclasses import dataclass, field
 
 from approvals import queries
-from approvals.models import EscalationRule, PolicyGeneration, PolicyTier, Stop, StopStatus, Tool
+from approvals.models import (
+    BudgetCap,
+    EscalationRule,
+    PolicyGeneration,
+    PolicyTier,
+    Stop,
+    StopStatus,
+    Tool,
+)
 from console.lib import sql
 
 _MISSING = object()
@@ -33,6 +41,7 @@ class Catalog:
     _allowed: dict[int, frozenset[int]] = field(default_factory=dict)
     _tiers: dict[int, PolicyTier] | None = None
     _stops: dict[int, tuple[Stop, ...]] = field(default_factory=dict)
+    _caps: dict[int, tuple[BudgetCap, ...]] = field(default_factory=dict)
 
     def tool(self, name: str) -> Tool | None:
         tool = self._tools.get(name, _MISSING)
@@ -65,6 +74,15 @@ class Catalog:
                           .select_related("tenant", "agent__tenant", "tool", "stopped_by").order_by("created_at"))
             self._keep(self._stops, tenant_id, stops)
         return stops
+
+    def caps(self, tenant_id: int) -> tuple[BudgetCap, ...]:
+        """The tenant's budget caps (usually none): the tenant's, its agents' and its tools'."""
+        caps = self._caps.get(tenant_id)
+        if caps is None:
+            caps = tuple(BudgetCap.objects.filter(tenant_id=tenant_id).select_related("tenant", "agent__tenant", "tool")
+                         .order_by("id"))
+            self._keep(self._caps, tenant_id, caps)
+        return caps
 
     def tier(self, level: int) -> PolicyTier | None:
         return self.tiers().get(level)

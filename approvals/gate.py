@@ -20,6 +20,8 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from approvals import caps as budget_caps
+from approvals.caps import CapState, Limit
 from approvals.catalog import Catalog
 from approvals.catalog import current as current_catalog
 from approvals.models import EscalationRule, PolicyTier, Tool
@@ -27,6 +29,7 @@ from approvals.stops import active_stop
 from console.lib.canonical import arguments_hash
 from console.lib.errors import InvalidInput, NotPermitted
 from console.models import AgentPrincipal
+from runs import services as run_services
 from runs.models import Task
 
 
@@ -90,12 +93,16 @@ def evaluate(*, principal: AgentPrincipal, task: Task, tool: Tool, arguments: di
 
 
 def decide(*, task: Task, tool: Tool, arguments: dict[str, Any], args_hash: str,
-           catalog: Catalog | None = None) -> GateResult:
+           catalog: Catalog | None = None, caps: CapState | None = None) -> GateResult:
     """Budgets, risk tier and policy, for arguments already validated (`validate_arguments`)
     and a principal already authorized (`authorize`): the rest of `evaluate`. `catalog`: the
-    configuration read under the caller's generation token (default: the current one)."""
+    configuration read under the caller's generation token (default: the current one).
+    `caps`: the budget caps covering the call and their counters (`approvals.caps`); a proposal
+    passes them read under lock, and without them they are read as they stand."""
     catalog = catalog or current_catalog()
-    refusals, exhausted = check_budgets(task=task, tool=tool, arguments=arguments)
+    if caps is None:
+        caps = cap_state(task=task, agent_id=task.actor_id, tool=tool, catalog=catalog)
+    refusals, exhausted = check_budgets(task=task, tool=tool, arguments=arguments, caps=caps)
     if refusals:
         return GateResult(decision=Decision.REFUSED, arguments_hash=args_hash, reasons=tuple(refusals),
                           exhausted_budgets=tuple(exhausted))
@@ -139,7 +146,8 @@ def _policy_verdict(*, task: Task, tool: Tool, arguments: dict[str, Any], args_h
         requirement=policy.requirement,
         approvals_needed=policy.approvals_needed,
         approval_ttl_seconds=policy.approval_ttl_seconds,
-        shows_preview=policy.shows_preview or tool.has_preview,
+        # The adapter can draw one and the tier shows it (the approval page reads the same).
+        shows_preview=policy.shows_preview and tool.has_preview,
         reasons=tuple(reasons),
     )
 
@@ -232,30 +240,71 @@ def parse_deadline(value: Any) -> datetime:
     return parsed
 
 
-def check_budgets(*, task: Task, tool: Tool, arguments: dict[str, Any], now=None) -> tuple[list[str], list[str]]:
-    """(reasons for refusal, budgets that ran out)."""
+def cap_state(*, task: Task, agent_id: int | None, tool: Tool, catalog: Catalog | None = None,
+              counters=None) -> CapState:
+    """The budget caps covering a call of `tool` by the agent in the task, and their counters:
+    `counters` as the proposal locked them, or else read without a lock."""
+    catalog = catalog or current_catalog()
+    covering = budget_caps.caps_covering(catalog=catalog, tenant_id=task.tenant_id, agent_id=agent_id, tool_id=tool.pk)
+    if not covering:
+        return CapState()
+    day = budget_caps.tenant_day(task.tenant)
+    if counters is None:
+        counters = run_services.budget_counters_read(budget_caps.counter_keys(covering, task_id=task.task_id, day=day))
+    spent = {(row.scope_key, row.period): budget_caps.Spent(calls=row.calls, writes=row.writes,
+                                                            amount=Decimal(row.amount)) for row in counters}
+    return CapState(caps=covering, day=day, spent=spent)
+
+
+def task_limits(task: Task, *, caps: CapState | None = None) -> dict[str, Limit]:
+    """The limits that bind the task's own counters (the contract's, lowered by the caps); without
+    `caps`, the tenant's and the task's agent's caps as they are now."""
+    if caps is None:
+        covering = budget_caps.caps_covering(catalog=current_catalog(), tenant_id=task.tenant_id,
+                                             agent_id=task.actor_id, tool_id=None)
+        return budget_caps.task_limits(task, covering, _limit)
+    return budget_caps.task_limits(task, caps.caps, _limit)
+
+
+def _why(limit: Limit) -> str:
+    """Where a limit comes from, when it is not the contract's own."""
+    if limit.source == "contract":
+        return ""
+    asked = f"; the contract asked for {_num(limit.contract_asked)}" if limit.contract_asked is not None else ""
+    return f" (capped by {limit.source}{asked})"
+
+
+def check_budgets(*, task: Task, tool: Tool, arguments: dict[str, Any], now=None,
+                  caps: CapState | None = None) -> tuple[list[str], list[str]]:
+    """(reasons for refusal, budgets that ran out). The task's budgets are the least of its
+    contract's and of the caps per task; the caps per day and a tool's cap per task refuse
+    without pausing the task."""
     constraints = task.constraints or {}
+    caps = caps or CapState()
+    limits = task_limits(task, caps=caps)
     refusals: list[str] = []
     exhausted: list[str] = []
-    max_calls = _limit(constraints.get("max_tool_calls"))
-    if max_calls is not None and task.calls_used >= max_calls:
-        refusals.append(f"tool call budget spent: {task.calls_used} of {max_calls}")
+    max_calls = limits.get("max_tool_calls")
+    if max_calls is not None and task.calls_used >= max_calls.value:
+        refusals.append(f"tool call budget spent: {task.calls_used} of {_num(max_calls.value)}{_why(max_calls)}")
         exhausted.append("max_tool_calls")
     if tool.kind == Tool.Kind.WRITE:
-        max_writes = _limit(constraints.get("max_writes"))
-        if max_writes is not None and task.writes_used >= max_writes:
-            refusals.append(f"write budget spent: {task.writes_used} of {max_writes}")
+        max_writes = limits.get("max_writes")
+        if max_writes is not None and task.writes_used >= max_writes.value:
+            refusals.append(f"write budget spent: {task.writes_used} of {_num(max_writes.value)}{_why(max_writes)}")
             exhausted.append("max_writes")
-    limit = _limit(constraints.get("max_amount"))
+    max_amount = limits.get("max_amount")
     amount = call_amount(tool, arguments)
-    if limit is not None and amount:
+    if max_amount is not None and amount:
+        limit = max_amount.value
         used = Decimal(task.amount_used)
         if used >= limit:
-            refusals.append(f"amount budget spent: {_num(used)} of {_num(limit)}")
+            refusals.append(f"amount budget spent: {_num(used)} of {_num(limit)}{_why(max_amount)}")
             exhausted.append("max_amount")
         elif used + amount > limit:
             refusals.append(f"amount {_num(amount)} exceeds what is left of the budget: "
-                            f"{_num(limit - used)} of {_num(limit)}")
+                            f"{_num(limit - used)} of {_num(limit)}{_why(max_amount)}")
+    refusals += budget_caps.check_caps(state=caps, task=task, tool=tool, amount=amount)
     if constraints.get("deadline") is not None:
         try:
             deadline = parse_deadline(constraints["deadline"])

@@ -465,3 +465,129 @@ class Stop(models.Model):
         if self.scope == self.Scope.TOOL:
             return f"tool {self.tool} in {self.tenant}"
         return f"tenant {self.tenant}"
+
+
+class AuditStatus(models.TextChoices):
+    UNREVIEWED = "unreviewed"
+    REVIEWED = "reviewed"
+    FLAGGED = "flagged"
+
+
+# A review is final: a flag stays a flag, and a call marked reviewed is not reopened.
+AUDIT_TRANSITIONS: dict[str, frozenset[str]] = {
+    AuditStatus.UNREVIEWED: frozenset({AuditStatus.REVIEWED, AuditStatus.FLAGGED}),
+    AuditStatus.REVIEWED: frozenset(),
+    AuditStatus.FLAGGED: frozenset(),
+}
+
+
+class AuditReview(models.Model):
+    """A call the gate ran at once under an audited tier (requirement "run and audit"), waiting
+    for a reviewer to look at it after the fact: marked reviewed, or flagged with a note.
+
+    Written in the proposal's statement, one per operation (its primary key), so a regenerated
+    call for the same step adds none. Reviewers of the call's tier or above in its tenant review
+    it; the person who proposed it (`proposed_by`, an editor whose edit ran at once) does not."""
+
+    TRANSITIONS = AUDIT_TRANSITIONS
+    EVENT_ENTITY = Event.Entity.AUDIT
+
+    operation = models.OneToOneField("ledger.Operation", on_delete=models.PROTECT, primary_key=True,
+                                     related_name="audit_review")
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="+")
+    # Copies of the operation's (fixed for its life), so the list and its filters read this table.
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="+")
+    call_id = models.CharField(max_length=128)
+    risk_tier = models.PositiveSmallIntegerField(choices=RiskTier.choices)
+    requested_by = models.ForeignKey("console.AgentPrincipal", on_delete=models.PROTECT, related_name="+")
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The person who proposed this call (an edit that ran at once); never its reviewer. Empty: the agent.",
+    )
+    status = models.CharField(max_length=16, choices=AuditStatus.choices, default=AuditStatus.UNREVIEWED)
+    note = models.TextField(blank=True)
+    reviewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                                    related_name="+")
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "status", "created_at"], name="audit_list_idx"),
+            models.Index(fields=["tenant", "created_at"], name="audit_day_idx"),
+        ]
+        ordering = ["-created_at", "operation_id"]
+
+    def __str__(self) -> str:
+        return f"audit of {self.operation_id} ({self.status})"
+
+
+class BudgetCap(models.Model):
+    """An administrator's ceiling on what agents spend: per task and per day (the tenant's day),
+    over the whole tenant, one of its agents, or one tool within it. A task contract's own
+    budgets can only lower these: the gate applies the least of the contract's and every cap
+    that covers the call (`approvals.caps`). Empty: no cap of that kind."""
+
+    class Scope(models.TextChoices):
+        TENANT = "tenant"
+        AGENT = "agent"
+        TOOL = "tool"
+
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="budget_caps")
+    agent = models.ForeignKey("console.AgentPrincipal", on_delete=models.CASCADE, null=True, blank=True,
+                              related_name="budget_caps", help_text="Caps this agent only (leave the tool empty).")
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, null=True, blank=True, related_name="budget_caps",
+                             help_text="Caps this tool in the tenant only (leave the agent empty). Per task: "
+                                       "the calls of this tool in one task.")
+    calls_per_task = models.PositiveIntegerField(null=True, blank=True)
+    writes_per_task = models.PositiveIntegerField(null=True, blank=True)
+    amount_per_task = models.DecimalField(max_digits=18, decimal_places=4, null=True, blank=True)
+    calls_per_day = models.PositiveIntegerField(null=True, blank=True)
+    writes_per_day = models.PositiveIntegerField(null=True, blank=True)
+    amount_per_day = models.DecimalField(max_digits=18, decimal_places=4, null=True, blank=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(agent__isnull=True) | models.Q(tool__isnull=True),
+                                   name="budget_cap_agent_or_tool"),
+            models.UniqueConstraint(fields=["tenant"], condition=models.Q(agent__isnull=True, tool__isnull=True),
+                                    name="budget_cap_one_per_tenant"),
+            models.UniqueConstraint(fields=["tenant", "agent"], condition=models.Q(agent__isnull=False),
+                                    name="budget_cap_one_per_agent"),
+            models.UniqueConstraint(fields=["tenant", "tool"], condition=models.Q(tool__isnull=False),
+                                    name="budget_cap_one_per_tool"),
+        ]
+
+    def __str__(self) -> str:
+        return f"caps of {self.describe()}"
+
+    @property
+    def scope(self) -> str:
+        if self.agent_id is not None:
+            return self.Scope.AGENT
+        if self.tool_id is not None:
+            return self.Scope.TOOL
+        return self.Scope.TENANT
+
+    @property
+    def counter_key(self) -> str:
+        """Names the usage this cap counts per day ("tenant:3", "agent:7", "tool:3:12")."""
+        if self.agent_id is not None:
+            return f"agent:{self.agent_id}"
+        if self.tool_id is not None:
+            return f"tool:{self.tenant_id}:{self.tool_id}"
+        return f"tenant:{self.tenant_id}"
+
+    def describe(self) -> str:
+        if self.agent_id is not None:
+            return f"agent {self.agent}"
+        if self.tool_id is not None:
+            return f"tool {self.tool} in {self.tenant}"
+        return f"tenant {self.tenant}"
+
+    def clean(self) -> None:
+        if self.agent_id is not None and self.tool_id is not None:
+            raise ValidationError("A cap covers the tenant, one agent or one tool: not an agent and a tool.")
+        if self.agent_id is not None and self.tenant_id is not None and self.agent.tenant_id != self.tenant_id:
+            raise ValidationError({"agent": "This agent belongs to another tenant."})

@@ -23,6 +23,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from approvals import catalog
 from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, Tool
 from approvals.stops import active_stop
@@ -242,6 +243,14 @@ def masked_arguments(arguments: dict[str, Any], secret_fields: list[str]) -> lis
             text, block = display_value(value)
             rows.append({"name": name, "text": text, "block": block, "masked": False})
     return rows
+
+
+def tier_shows_preview(risk_tier: int) -> bool:
+    """Does the policy of this tier show reviewers the adapter's preview (`PolicyTier.shows_preview`,
+    read as it is now, so an admin's change applies to requests already waiting)? A tier
+    nobody configured shows none."""
+    policy = catalog.current().tier(risk_tier)
+    return policy is not None and policy.shows_preview
 
 
 def masked_preview(preview: dict[str, Any] | None, secret_fields: list[str]) -> dict[str, Any] | None:

@@ -98,8 +98,10 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 
 def _preview(approval: ApprovalRequest) -> dict[str, Any] | None:
+    """The adapter's preview of the call, when the tool has one and the request's tier shows
+    previews (`_preview_off` says when the tier hides one)."""
     tool = approval.operation.tool
-    if not tool.has_preview:
+    if not tool.has_preview or not selectors.tier_shows_preview(approval.risk_tier):
         return None
     try:
         preview = adapter_for(tool).preview(approval.operation.arguments)
@@ -120,6 +122,9 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
     context = review_context(request.user, scope, approval)
     arguments = selectors.masked_arguments(operation.arguments, tool.secret_fields)
     preview = _preview(approval)
+    # The tool could show one, the tier's policy hides it: the page says so rather than leave
+    # the reviewer to wonder where the preview went.
+    preview_off = tool.has_preview and preview is None and not selectors.tier_shows_preview(approval.risk_tier)
     constraints = [(k, *selectors.display_value(v)) for k, v in (task.constraints or {}).items()]
     success_criteria = [
         selectors.display_value(c)[0]
@@ -137,6 +142,7 @@ def _detail_context(request: HttpRequest, scope: ReviewerScope, approval: Approv
         "tool": tool,
         "arguments": arguments,
         "preview": preview,
+        "preview_off": preview_off,
         "constraints": constraints,
         "success_criteria": success_criteria,
         "inputs": inputs,

@@ -9,6 +9,7 @@ from console.models import Role
 # (key, label, URL name, roles that see it; empty: anyone with a role)
 NAVIGATION = [
     ("approvals", "Approvals", "approvals:inbox", {Role.REVIEWER, Role.ADMIN}),
+    ("audit", "Audit", "audit:list", {Role.REVIEWER, Role.ADMIN}),
     ("unknown", "Unknown outcomes", "operations:unknown", {Role.SUPPORT, Role.REVIEWER, Role.ADMIN}),
     ("runs", "Runs", "runs:list", set()),
     ("reviews", "Success reviews", "runs:reviews", {Role.REVIEWER}),

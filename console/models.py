@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import zoneinfo
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -26,9 +28,24 @@ class Tenant(models.Model):
     api_rate_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Requests a minute for all this tenant's agents together (agent API and "
         "OTLP); empty: the API_RATE_PER_TENANT setting; 0: no limit.")
+    time_zone = models.CharField(
+        max_length=64, default="UTC",
+        help_text="An IANA time zone, e.g. Europe/Berlin: where the tenant's day starts and ends (daily budget caps).")
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        if not valid_timezone(self.time_zone):
+            raise ValidationError({"time_zone": f"{self.time_zone!r} is not an IANA time zone."})
+
+
+def valid_timezone(name: str) -> bool:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 class Role(models.TextChoices):
@@ -144,6 +161,7 @@ class Event(models.Model):
         LEASE = "lease"
         PROVIDER_QUERY = "provider_query"
         STOP = "stop"  # an emergency stop of a tenant, an agent or a tool, and its resume
+        AUDIT = "audit"  # a call run at once under an audited tier, reviewed or flagged after the fact
 
     class Kind(models.TextChoices):
         TRANSITION = "transition", "transition"

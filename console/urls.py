@@ -14,6 +14,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("dashboard/", views.dashboard, name="dashboard"),
     path("approvals/", include("approvals.urls")),
+    path("audit/", include("approvals.audit_urls")),
     path("operations/", include("ledger.urls")),
     path("runs/", include("runs.urls")),
     path("stops/", include("ledger.control_urls")),

@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views import defaults
 
+from approvals import audit
 from console.access import roles_of, tenant_ids_for
 from console.api import error_body
 from console.models import Event, RiskTier, Role
@@ -52,9 +53,21 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "tiers": RiskTier.choices,
         "active_nav": "dashboard",
         # Workers serve every tenant: their panel is for staff and tenant admins only.
+        **_audit_today(request.user),
         "liveness": liveness_report() if request.user.is_staff or Role.ADMIN in roles_of(request.user) else None,
     }
     return render(request, "console/dashboard.html", context)
+
+
+def _audit_today(user) -> dict:
+    """Audited calls per day in the tenants where the user reviews or administers (the audit
+    list's readers): today's counts and a small plot of the last two weeks."""
+    tenant_ids = tenant_ids_for(user, Role.REVIEWER, Role.ADMIN)
+    if not tenant_ids:
+        return {"audit": None}
+    days = audit.audit_days(tenant_ids)
+    return {"audit": {"today": days[-1], "backlog": audit.audit_backlog(tenant_ids), "bars": audit.audit_plot(days),
+                      "width": len(days) * audit.BAR_STEP, "height": audit.PLOT_HEIGHT}}
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

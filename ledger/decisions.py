@@ -22,7 +22,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import gate
+from approvals import audit, gate
 from approvals import services as approval_services
 from approvals.catalog import held as held_catalog
 from approvals.gate import Decision
@@ -275,6 +275,9 @@ def approval_edit_and_approve(*, approval_id: str, reviewer: AbstractBaseUser, a
                 f"The original call needed {old.approvals_needed} people; an edit to a tier that runs at once "
                 "would run it on one person's word. Reject it, or edit it to a tier that a second reviewer approves.",
                 details={"approvals_needed": old.approvals_needed, "risk_tier": proposal.risk_tier})
+        else:
+            # The edit ran at once: if its tier is audited, the editor proposed it and may not review it.
+            audit.audit_set_proposer(operation_id=proposal.operation_id, user=reviewer)
         old, _ = approval_services.approval_close(
             approval_id=old.approval_id, to=ApprovalStatus.SUPERSEDED, actor=actor, reason=f"edited: {reason}",
             evidence={"call_id": new_call, "step_id": new_step, "operation_id": proposal.operation_id,

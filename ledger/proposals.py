@@ -24,10 +24,18 @@ import rfc8785
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals import catalog, gate
+from approvals import audit, catalog, gate
+from approvals import caps as budget_caps
 from approvals import services as approval_services
 from approvals.gate import Decision
-from approvals.models import ApprovalRequest, ApprovalStatus, EscalationRule, Tool
+from approvals.models import (
+    ApprovalRequest,
+    ApprovalStatus,
+    AuditReview,
+    EscalationRule,
+    PolicyTier,
+    Tool,
+)
 from console.lib import sql
 from console.lib.canonical import intent_hash
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
@@ -196,7 +204,9 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                 "countersign.task_id": task.task_id, "countersign.step_id": step_id,
                 "countersign.operation_id": operation_id, "gen_ai.tool.call.id": call_id,
                 "gen_ai.tool.name": tool.name}) as span:
-            result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
+            counters, caps = _lock_cap_counters(task=task, principal=principal, tool=tool, catalog=policy)
+            result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy,
+                                 caps=caps)
             span.set_attributes({"countersign.decision": result.decision, "countersign.risk_tier": result.risk_tier})
         if result.refused:
             return _refuse(result, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool,
@@ -236,12 +246,20 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         # first means that writer's row is the answer (`_LostRace` rolls all of it back). The
         # task row is locked, so the new counts are the ones read plus this call's.
         spent = _budget_after(task, tool, arguments)
+        # Run at once under an audited tier: reviewers look at it afterwards (approvals.audit).
+        audited = runs_at_once and result.requirement == PolicyTier.Requirement.RUN_AUDIT
+        audit_entry = [(AuditReview, audit.audit_entry_values(
+            operation_id=operation_id, tenant_id=task.tenant_id, tool_id=tool.pk, call_id=call_id,
+            risk_tier=result.risk_tier, requested_by_id=principal.pk, created_at=now))] if audited else []
         written = sql.update_then_write(
             Task, where={"pk": task.pk}, values=spent, ignore_conflicts=True,
             inserts=[(Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
                              "arguments_hash": args_hash, "created_at": now}),
                      (Operation, sql.values_of(operation)),
-                     *[(Event, sql.values_of(event)) for event in events]])
+                     *audit_entry,
+                     *[(Event, sql.values_of(event)) for event in events]],
+            updates=run_services.budget_counters_spend(
+                counters, writes=spent["writes_used"] - task.writes_used, amount=gate.call_amount(tool, arguments)))
         if written is None or None in written[:2]:
             raise _LostRace
         operation._state.adding = False
@@ -279,6 +297,19 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         )
 
 
+def _lock_cap_counters(*, task: Task, principal: AgentPrincipal, tool: Tool,
+                       catalog: catalog.Catalog) -> tuple[list, gate.CapState]:
+    """The counters of the budget caps covering this call, locked (none while no cap covers
+    it: nothing is counted, nothing locked), and the caps' state the gate decides on."""
+    covering = budget_caps.caps_covering(catalog=catalog, tenant_id=task.tenant_id, agent_id=principal.pk,
+                                         tool_id=tool.pk)
+    if not covering:
+        return [], gate.CapState()
+    keys = budget_caps.counter_keys(covering, task_id=task.task_id, day=budget_caps.tenant_day(task.tenant))
+    counters = run_services.budget_counters_lock(tenant_id=task.tenant_id, keys=keys)
+    return counters, gate.cap_state(task=task, agent_id=principal.pk, tool=tool, catalog=catalog, counters=counters)
+
+
 @dataclass(frozen=True)
 class DryRun:
     task_id: str
@@ -306,7 +337,8 @@ def call_dry_run(*, principal: AgentPrincipal, task_id: str, tool_name: str, arg
         raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
     args_hash = gate.validate_arguments(tool=tool, arguments=arguments)
     gate.authorize(principal=principal, task=task, tool=tool, catalog=policy)
-    result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy)
+    result = gate.decide(task=task, tool=tool, arguments=arguments, args_hash=args_hash, catalog=policy,
+                         caps=gate.cap_state(task=task, agent_id=principal.pk, tool=tool, catalog=policy))
     rules = tuple(rule for rule in policy.rules(tool) if gate.rule_matches(rule, arguments)[0])
     return DryRun(task_id=task.task_id, task_version=task.version, tool=tool.name, outcome=result.decision,
                   risk_tier=result.risk_tier, approvals_needed=result.approvals_needed, reasons=result.reasons,

@@ -21,6 +21,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
+from approvals import audit
 from approvals.models import Tool
 from console import live as console_live
 from console.lib.errors import DomainError, InvalidInput, NotFound, NotPermitted
@@ -120,6 +121,7 @@ def _detail_context(request: HttpRequest, operation: Operation, *, forms: dict[s
         "compensations": list(operation.compensations.select_related("tool").order_by("created_at")),
         "webhook_events": selectors.webhook_events_of(operation),
         "authority_notice": control.authority_notice(operation),
+        "audit_review": audit.audit_for_operation(operation.operation_id),
         "error": error,
         "error_action": error_action,
         "last_event_id": console_live.cursor_for(request.user),

@@ -20,7 +20,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals.gate import CONSTRAINT_TYPES, parse_deadline
+from approvals.gate import CONSTRAINT_TYPES, parse_deadline, task_limits
 from console.api import (
     JSONObjectField,
     StrictCharField,
@@ -241,9 +241,24 @@ class TaskOutputSerializer(serializers.Serializer):
         calls_used = serializers.IntegerField()
         writes_used = serializers.IntegerField()
         amount_used = serializers.DecimalField(max_digits=18, decimal_places=4, coerce_to_string=False)
+        limits = serializers.SerializerMethodField(
+            help_text="The limits that bind this task's counters now: the least of the contract's budget and the "
+                      "administrator's caps (tenant, agent). A contract asking for more is capped, not refused; "
+                      "`source` names who set the limit, `contract_asked` what the contract asked when a cap "
+                      "lowered it. Daily caps and a tool's caps are not listed: a call they refuse says so.")
 
         class Meta:
             ref_name = "TaskBudget"
+
+        @extend_schema_field(OpenApiTypes.OBJECT)
+        def get_limits(self, task) -> dict:
+            limits = task_limits(task)
+            return {key: {"limit": float(limit.value) if key == "max_amount" else int(limit.value),
+                          "source": limit.source,
+                          "contract_asked": (None if limit.contract_asked is None else
+                                             float(limit.contract_asked) if key == "max_amount"
+                                             else int(limit.contract_asked))}
+                    for key, limit in limits.items()}
 
     class LeaseInfo(serializers.Serializer):
         owner = serializers.CharField()

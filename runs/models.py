@@ -93,6 +93,29 @@ class Task(models.Model):
         return f"{self.task_id} ({self.status} v{self.version})"
 
 
+class BudgetCounter(models.Model):
+    """What one capped scope spent in one period: a day ("2026-12-01", the tenant's day) of a
+    tenant, an agent or a tool, or one task's calls of a tool ("task:<task_id>"). Only kept
+    while a cap covers the scope (`approvals.BudgetCap`): a proposal locks the counters that
+    bind it, reads them, and writes them with its call in one transaction, so concurrent
+    proposals of many tasks never spend past a cap."""
+
+    scope_key = models.CharField(max_length=64, help_text='"tenant:<id>", "agent:<id>" or "tool:<tenant>:<tool>".')
+    period = models.CharField(max_length=80, help_text='A day (YYYY-MM-DD) or "task:<task_id>".')
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.PROTECT, related_name="+")
+    calls = models.PositiveIntegerField(default=0)
+    writes = models.PositiveIntegerField(default=0)
+    amount = models.DecimalField(max_digits=18, decimal_places=4, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope_key", "period"], name="budget_counter_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope_key} {self.period}: {self.calls} calls, {self.writes} writes, {self.amount}"
+
+
 class Step(models.Model):
     """A logical step of a task, named by the agent. One side-effecting call per step."""
 

@@ -10,6 +10,7 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from console.lib import sql
 from console.lib.canonical import sha256_hex
 from console.lib.errors import (
     Conflict,
@@ -23,7 +24,7 @@ from console.lib.ids import new_id
 from console.lib.transitions import record_event, transition
 from console.models import AgentPrincipal, Event, Membership, Role
 from runs import tasks
-from runs.models import TASK_TERMINAL, Lease, Step, Task, TaskStatus
+from runs.models import TASK_TERMINAL, BudgetCounter, Lease, Step, Task, TaskStatus
 
 CONTRACT_FIELDS = ("task_type", "goal", "inputs", "success_criteria", "constraints", "versions")
 
@@ -299,6 +300,39 @@ def task_release_budget(*, task_id: str, calls: int, writes: int, amount) -> Non
         writes_used=Greatest(F("writes_used") - writes, 0),
         amount_used=Greatest(F("amount_used") - amount, 0),
     )
+
+
+def budget_counters_lock(*, tenant_id: int, keys: list[tuple[str, str]]) -> list[BudgetCounter]:
+    """The counters named by (scope key, period), created at zero if new, locked in key order
+    (every proposal locks in the same order, so two never wait on each other). Call inside the
+    proposal's transaction; it writes them back with its call (`budget_counters_spend`)."""
+    keys = sorted(keys)
+    if not keys:
+        return []
+    sql.insert(BudgetCounter, [{"scope_key": key, "period": period, "tenant_id": tenant_id, "calls": 0,
+                                "writes": 0, "amount": 0} for key, period in keys], ignore_conflicts=True)
+    wanted = set(keys)
+    rows = (BudgetCounter.objects.select_for_update()
+            .filter(scope_key__in={key for key, _ in keys}, period__in={period for _, period in keys})
+            .order_by("scope_key", "period"))
+    return [row for row in rows if (row.scope_key, row.period) in wanted]
+
+
+def budget_counters_read(keys: list[tuple[str, str]]) -> list[BudgetCounter]:
+    """The same counters without a lock or a write (a dry run's view)."""
+    if not keys:
+        return []
+    wanted = set(keys)
+    rows = BudgetCounter.objects.filter(scope_key__in={key for key, _ in keys},
+                                        period__in={period for _, period in keys})
+    return [row for row in rows if (row.scope_key, row.period) in wanted]
+
+
+def budget_counters_spend(counters: list[BudgetCounter], *, writes: int, amount) -> list[sql.Update]:
+    """The counters' writes once one more call is counted, for the proposal's statement (the
+    rows are locked, so the new values are the ones read plus this call's)."""
+    return [(BudgetCounter, {"pk": row.pk}, {"calls": row.calls + 1, "writes": row.writes + writes,
+                                             "amount": row.amount + amount}) for row in counters]
 
 
 def task_pause(*, task: Task, actor: str, reason: str, evidence: dict[str, Any] | None = None) -> Task:

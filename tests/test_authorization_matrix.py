@@ -20,9 +20,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from approvals import stops as stop_services
 from approvals.models import Stop
 from console.models import Role
+from ledger.proposals import call_propose
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN, make_user
 from tests.factories import make_pending_approval
-from tests.fixtures.api import call_body, start_task
+from tests.fixtures.api import call_body, refund, start_task
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
 
@@ -63,6 +64,8 @@ MATRIX: dict[str, Rule] = {
     "approvals:approve": rule({REVIEWER}, "post"),
     "approvals:reject": rule({REVIEWER}, "post"),
     "approvals:edit": rule({REVIEWER, ADMIN}),
+    "audit:list": rule(PEOPLE),  # each sees the audited calls of their own tenants only
+    "audit:review": rule({REVIEWER}, "post"),  # a reviewer of the call's tier; an admin only looks
     "operations:unknown": rule(PEOPLE),
     "operations:detail": rule(PEOPLE_A),
     # A reviewer reads an operation; support staff and admins act on it (ledger.support.ACT_ROLES).
@@ -156,10 +159,15 @@ def world(agent, outsider_agent, tenant, other_tenant):
     }
     approval = make_pending_approval(agent)
     operation = approval.operation
+    # A call run at once under the audited tier, proposed before the agent is stopped.
+    audited = start_task(agent)
+    audit_id = call_propose(principal=agent, task_id=audited.task_id, call_id="audited", step_id="audited",
+                            tool_name="payments.refund", arguments=refund(10), expected_version=audited.version,
+                            fencing_token=audited.fencing_token).operation_id
     stop = stop_services.stop_create(tenant_id=tenant.pk, scope=Stop.Scope.AGENT, agent=agent,
                                      user=people[ADMIN], reason="matrix")
     run = start_task(agent)
-    kwargs = {"approval_id": approval.pk, "operation_id": operation.pk, "task_id": run.task_id,
+    kwargs = {"approval_id": approval.pk, "operation_id": operation.pk, "task_id": run.task_id, "audit_id": audit_id,
               "call_id": operation.call_id, "stop_id": stop.stop_id, "action": "pause",
               "tool_name": operation.tool.name,
               "decision": "confirm"}
@@ -207,7 +215,7 @@ def test_every_url_pattern_is_classified():
 @pytest.mark.django_db(transaction=True)
 def test_every_principal_a_url_does_not_admit_is_refused_and_every_admitted_one_gets_in(world):
     people, kwargs, bodies = world
-    a_ids = [kwargs["approval_id"], kwargs["operation_id"], kwargs["task_id"]]
+    a_ids = [kwargs["approval_id"], kwargs["operation_id"], kwargs["task_id"], kwargs["audit_id"]]
     failures = []
     for route, name in all_patterns():
         rule_ = classify(route, name)

@@ -173,3 +173,21 @@ def test_the_tenant_and_requested_by_filters(policy, tenant, other_tenant, make_
     choices = selectors.filter_choices(scope)
     assert choices["tenants"] == [("acme", "Acme"), ("globex", "Globex")]
     assert {label for _, label in choices["agents"]} == {"agent (acme)", "second (acme)", "outsider (globex)"}
+
+
+def test_a_tier_whose_policy_shows_previews_shows_them_and_one_that_does_not_hides_them(policy):
+    from approvals.models import PolicyTier
+
+    assert selectors.tier_shows_preview(2)
+    assert not selectors.tier_shows_preview(3)
+    PolicyTier.objects.filter(level=3).update(shows_preview=True)
+    PolicyTier.objects.filter(level=2).update(shows_preview=False)
+    assert selectors.tier_shows_preview(3)
+    assert not selectors.tier_shows_preview(2)
+
+
+def test_a_tier_nobody_configured_shows_no_preview(policy):
+    from approvals.models import PolicyTier
+
+    PolicyTier.objects.filter(level=2).delete()
+    assert not selectors.tier_shows_preview(2)

@@ -273,6 +273,36 @@ def test_a_mail_call_shows_the_email_as_it_will_be_sent(client, reviewer, make_a
     assert "Your refund" in body
 
 
+def test_a_tier_without_shows_preview_hides_the_preview_and_says_so(client, reviewer, make_approval):
+    from approvals.models import PolicyTier
+
+    PolicyTier.objects.filter(level=2).update(shows_preview=False)
+    approval = make_approval(tool_name="mail.send", risk_tier=2)
+    client.force_login(reviewer)
+    body = client.get(detail_url(approval)).content.decode()
+    assert "The email as it will be sent" not in body
+    assert 'id="preview-off"' in body
+    assert "The preview is off for L2" in body
+
+
+def test_a_tier_with_shows_preview_shows_the_preview_of_a_tool_at_a_higher_tier(client, reviewer, make_approval):
+    from approvals.models import PolicyTier
+
+    approval = make_approval(tool_name="mail.send", risk_tier=3)
+    client.force_login(reviewer)
+    body = client.get(detail_url(approval)).content.decode()
+    assert "The email as it will be sent" not in body and 'id="preview-off"' in body
+    PolicyTier.objects.filter(level=3).update(shows_preview=True)
+    body = client.get(detail_url(approval)).content.decode()
+    assert "The email as it will be sent" in body and 'id="preview-off"' not in body
+
+
+def test_a_tool_without_a_preview_says_nothing_about_previews(client, reviewer, mine):
+    client.force_login(reviewer)
+    body = client.get(detail_url(mine)).content.decode()
+    assert 'id="preview"' not in body and 'id="preview-off"' not in body
+
+
 def test_the_detail_warns_when_the_task_version_moved(client, reviewer, mine):
     from runs.models import Task
 

@@ -62,10 +62,12 @@ def test_the_main_pages_run_under_the_policy_without_a_violation(asgi_server, pa
     expect(page.locator(f"#op-{unknown.operation_id}")).to_be_attached()
     page.goto(f"{asgi_server.url}/operations/{unknown.operation_id}/")
     page.goto(asgi_server.url + "/runs/")
+    page.goto(asgi_server.url + "/audit/?status=all")
+    expect(page.get_by_role("heading", name="Audit review")).to_be_visible()
     page.goto(asgi_server.url + "/admin/")
     expect(page.get_by_role("heading", name="Site administration")).to_be_visible()
     for path in (f"/admin/console/agentprincipal/{agent.pk}/change/", f"/admin/console/tenant/{tenant.pk}/change/",
-                 "/admin/approvals/tool/", "/admin/console/event/"):
+                 "/admin/approvals/tool/", "/admin/console/event/", "/admin/approvals/budgetcap/add/"):
         page.goto(asgi_server.url + path)
         expect(page.locator("#content")).to_be_visible()
     page.goto(asgi_server.url + "/does-not-exist/")

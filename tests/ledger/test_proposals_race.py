@@ -13,7 +13,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from ledger import decisions
 from ledger.models import Attempt, Call, Operation
 from tests.conftest import AGENT_TOKEN
-from tests.fixtures.api import call_body, refund, start_task
+from tests.fixtures.api import call_body, post_all_at_once, refund, start_task
 
 pytestmark = [
     pytest.mark.postgres,
@@ -25,28 +25,7 @@ pytestmark = [
 
 def race(bodies: list[dict], task_id: str) -> list[tuple[int, dict]]:
     """POST every body at once, each from its own thread and connection."""
-    start = threading.Barrier(len(bodies))
-    results: list[tuple[int, dict] | None] = [None] * len(bodies)
-
-    def worker(index: int, body: dict) -> None:
-        try:
-            client = APIClient()
-            client.credentials(HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}")
-            start.wait(timeout=30)
-            response = client.post(f"/api/v1/tasks/{task_id}/calls", body, format="json")
-            results[index] = (response.status_code, response.json())
-        except Exception as exc:  # noqa: BLE001 - reported as a 500 below
-            results[index] = (500, {"exception": repr(exc)})
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker, args=(i, body)) for i, body in enumerate(bodies)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=90)
-    assert not any(thread.is_alive() for thread in threads)
-    return results  # type: ignore[return-value]
+    return post_all_at_once([(f"/api/v1/tasks/{task_id}/calls", body) for body in bodies])
 
 
 def test_fifty_identical_proposals_at_once_make_one_operation(agent):

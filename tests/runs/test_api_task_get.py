@@ -14,7 +14,7 @@ def test_it_shows_the_task_its_budget_and_lease(api, running_task):
     assert response.status_code == 200
     body = response.json()
     assert (body["task_id"], body["status"], body["version"]) == (running_task.task_id, "running", 3)
-    assert body["budget"] == {"calls_used": 0, "writes_used": 0, "amount_used": 0.0}
+    assert body["budget"] == {"calls_used": 0, "writes_used": 0, "amount_used": 0.0, "limits": {}}
     assert body["lease"]["owner"] == "worker-1" and body["lease"]["live"] is True
     assert "fencing_token" not in body["lease"]  # only the holder learns it, from the lease call
 
