@@ -135,7 +135,9 @@ def test_a_repeated_proposal_of_a_call_that_ran_carries_its_result(stack, client
 def test_a_restart_after_finish_learns_that_its_task_is_finished(stack, client):
     task = client.start_task(key="thread-finished", **CONTRACT)
     task.call("payments.refund", refund("ord-9", 30), step_id="refund-ord-9")
-    task.finish(evidence={"refunded": "ord-9"})
+    # Waits for the verdict: a criterion not settled yet would send the task back to `running`
+    # (which takes a lease again), and that is not what this test is about.
+    assert task.finish(evidence={"refunded": "ord-9"}, wait=60)["status"] in {"succeeded", "failed"}
 
     with Client(stack.url, AGENT_TOKEN) as restarted:
         with pytest.raises(TaskFinished) as finished:
