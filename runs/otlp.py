@@ -340,6 +340,11 @@ def _append(result: ParseResult, span: ParsedSpan) -> None:
         problem = "invalid start/end time (nanoseconds since 1970, at most 2^63 - 1)"
     elif any(not 0 <= event["time_ns"] <= INT64[1] for event in span.events):
         problem = "invalid event time"
+    else:
+        try:
+            jsonlimits.check_storable([span.name, span.status_message, span.attributes, span.resource, span.events])
+        except jsonlimits.Unstorable as exc:
+            problem = str(exc)
     if problem:
         result.rejected += 1
         result.errors.append(f"{span.name[:100] or 'span'}: {problem}")

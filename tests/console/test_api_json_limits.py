@@ -64,3 +64,26 @@ def test_otlp_json_nested_too_deep_is_a_400(client, agent):
 
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid"
+
+
+@pytest.mark.parametrize("text", ['"x\\u0000y"', '"\\ud846"', '"\\udc00 alone"'],
+                         ids=["nul", "lone-high-surrogate", "lone-low-surrogate"])
+@pytest.mark.parametrize("where", ["value", "key"])
+def test_a_string_no_database_can_store_is_a_400_and_creates_nothing(client, agent, text, where):
+    """PostgreSQL's text and jsonb cannot hold U+0000, and an unpaired surrogate is no UTF-8:
+    found by schemathesis as a 500 on PostgreSQL (SQLite stored them)."""
+    before = Task.objects.count()
+    inputs = '{"note": ' + text + '}' if where == "value" else '{' + text + ': 1}'
+    body = '{"task_type": "refund", "goal": "g", "inputs": ' + inputs + '}'
+
+    response = post_raw(client, "/api/v1/tasks", body)
+
+    error = assert_error(response, 400, "invalid")
+    assert "U+0000" in error["message"] or "surrogate" in error["message"]
+    assert Task.objects.count() == before
+
+
+def test_escaped_backslashes_before_u0000_text_are_an_ordinary_string(client, agent):
+    body = '{"task_type": "refund", "goal": "g", "inputs": {"path": "C:\\\\u0000"}}'
+    response = post_raw(client, "/api/v1/tasks", body)
+    assert response.status_code == 201, response.content

@@ -111,6 +111,28 @@ def test_a_wrong_shaped_protobuf_time_is_rejected_not_a_500(client, agent):
     assert Span.objects.count() == 0
 
 
+def test_a_protobuf_span_holding_u0000_is_rejected_and_the_others_stored(client, agent):
+    """Protobuf strings are UTF-8 and may hold U+0000, which PostgreSQL's text and jsonb refuse
+    (a 500 there; SQLite stored it)."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    for span_id, name, value in ((b"\x01" * 8, "nul in an attribute", "a\x00b"), (b"\x02" * 8, "fine", "ab")):
+        span = spans.add()
+        span.trace_id, span.span_id, span.name = bytes.fromhex("5b8efff798038103d269b633813fc60c"), span_id, name
+        span.start_time_unix_nano, span.end_time_unix_nano = 1_700_000_000_000_000_000, 1_700_000_001_000_000_000
+        attribute = span.attributes.add()
+        attribute.key, attribute.value.string_value = "note", value
+    response = Client().post("/v1/traces", data=request.SerializeToString(), content_type="application/x-protobuf",
+                             HTTP_AUTHORIZATION=f"Bearer {AGENT_TOKEN}")
+    assert response.status_code == 200
+    answer = trace_service_pb2.ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert "U+0000" in answer.partial_success.error_message
+    assert list(Span.objects.values_list("name", flat=True)) == ["fine"]
+
+
 # --- per-span limits -------------------------------------------------------------------------
 
 def attribute(key: str, value: str) -> dict:
