@@ -314,7 +314,10 @@ def dbos_agent(index: int, system_url: str, payments_url: str, tag: str, barrier
         # An executor ID of its own: under the default one ("local") each process launched would
         # recover, and run again, the workflows the others have in flight.
         DBOS(config={"name": "countersign-bench-system", "system_database_url": system_url,
-                     "log_level": "WARNING", "executor_id": f"{tag}-a{index}"})
+                     "log_level": "WARNING", "executor_id": f"{tag}-a{index}",
+                     # One workflow at a time and DBOS's background threads: a pool of 20 per
+                     # process (the default) would run the shared server out of connections.
+                     "sys_db_pool_size": 4})
         DBOS.launch()
 
         def one(n: int) -> dict[str, Any]:
