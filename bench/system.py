@@ -158,7 +158,8 @@ class System:
     """N uvicorn servers and M Celery workers (fast queue) with production settings, as
     `make cluster` runs them, against the bench database, Redis and the payments sandbox."""
 
-    def __init__(self, env: dict[str, str], servers: int, workers: int, concurrency: int, logs: Path) -> None:
+    def __init__(self, env: dict[str, str], servers: int, workers: int, concurrency: int, pool: str,
+                 logs: Path) -> None:
         from console.lib.procs import Child, python
 
         self.ports = [free_port() for _ in range(servers)]
@@ -168,8 +169,8 @@ class System:
                   env=env)
             for n, port in enumerate(self.ports, start=1)
         ] + [
-            Child(f"bench-worker-{n}", python("-m", "celery", "-A", "console", "worker", "-Q", "fast", "-c",
-                                              str(concurrency), "-l", "warning", "-n",
+            Child(f"bench-worker-{n}", python("-m", "celery", "-A", "console", "worker", "-Q", "fast", "-P", pool,
+                                              "-c", str(concurrency), "-l", "warning", "-n",
                                               f"bench{n}-{os.getpid()}@%h"), env=env)
             for n in range(1, workers + 1)
         ]
@@ -317,7 +318,7 @@ def dbos_agent(index: int, system_url: str, payments_url: str, tag: str, barrier
                      "log_level": "WARNING", "executor_id": f"{tag}-a{index}",
                      # One workflow at a time and DBOS's background threads: a pool of 20 per
                      # process (the default) would run the shared server out of connections.
-                     "sys_db_pool_size": 4})
+                     "sys_db_pool_size": 2})
         DBOS.launch()
 
         def one(n: int) -> dict[str, Any]:
@@ -422,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default="1,2", help="comma-separated ASGI server counts")
     parser.add_argument("--workers", default="1,2", help="comma-separated Celery worker counts")
     parser.add_argument("--concurrency", type=int, default=2, help="processes per Celery worker (-c)")
+    parser.add_argument("--pool", default="prefork", choices=["prefork", "threads"],
+                        help="Celery worker pool (-P); prefork is what `make cluster` runs")
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--no-provider", action="store_true",
                         help="skip the provider alone (agents POSTing straight to the sandbox)")
@@ -457,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for servers in ints(args.servers):
             for workers in ints(args.workers):
-                system = System(env, servers, workers, args.concurrency, var / "logs").start()
+                system = System(env, servers, workers, args.concurrency, args.pool, var / "logs").start()
                 try:
                     for agents in ints(args.agents):
                         tag = f"cs{run}s{servers}w{workers}n{agents}"
