@@ -518,7 +518,10 @@ class Dbos:
             return bench_step(n)
 
         self.workflow = bench_workflow
-        DBOS(config={"name": "countersign-bench", "system_database_url": system_url, "log_level": "WARNING"})
+        # An executor ID per process: under the default one ("local") each client process launched
+        # would recover, and run again, the workflows the others have in flight.
+        DBOS(config={"name": "countersign-bench", "system_database_url": system_url, "log_level": "WARNING",
+                     "executor_id": f"countersign-bench-{os.getpid()}"})
         DBOS.launch()
         logging.getLogger("dbos").setLevel(logging.WARNING)
 

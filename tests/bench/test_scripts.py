@@ -15,7 +15,7 @@ SCRIPTS = sorted(path for path in (ROOT / "bench").glob("*.py") if "argparse" in
 
 
 def test_the_benchmarks_are_found():
-    assert {path.name for path in SCRIPTS} >= {"ledger.py", "inbox.py", "otlp.py", "latency.py"}
+    assert {path.name for path in SCRIPTS} >= {"ledger.py", "inbox.py", "otlp.py", "latency.py", "system.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
