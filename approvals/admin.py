@@ -83,6 +83,10 @@ class BudgetCapAdmin(admin.ModelAdmin):
                 "description": "Leave agent and tool empty to cap the whole tenant; name one of them to cap it alone."}),
         ("Per task", {"fields": ["calls_per_task", "writes_per_task", "amount_per_task"]}),
         ("Per day (the tenant's time zone)", {"fields": ["calls_per_day", "writes_per_day", "amount_per_day"]}),
+        ("Model cost (tenant and agent caps)", {
+            "fields": ["cost_currency", "cost_per_task", "cost_per_day"],
+            "description": "The agent's model spend from its spans at the model prices; known after each model "
+                           "call, so once a cap is spent the next tool call is refused."}),
     ]
 
 

@@ -26,7 +26,8 @@ from django.utils import timezone
 from approvals.catalog import Catalog
 from approvals.models import BudgetCap, Tool
 from console.models import Tenant
-from runs.models import Task
+from runs.models import Span, Task
+from runs.pricing import spans_cost
 
 # Contract key → (cap field per task, the task's counter, what it counts in words).
 TASK_KEYS = {
@@ -74,11 +75,16 @@ def caps_covering(*, catalog: Catalog, tenant_id: int, agent_id: int | None, too
 
 def tenant_day(tenant: Tenant, now: datetime | None = None) -> str:
     """Today in the tenant's time zone, as YYYY-MM-DD (UTC if the zone cannot be read)."""
+    return tenant_day_start(tenant, now).date().isoformat()
+
+
+def tenant_day_start(tenant: Tenant, now: datetime | None = None) -> datetime:
+    """When the tenant's today began: midnight in its time zone (UTC if it cannot be read)."""
     try:
         zone = zoneinfo.ZoneInfo(tenant.time_zone or "UTC")
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         zone = zoneinfo.ZoneInfo("UTC")
-    return (now or timezone.now()).astimezone(zone).date().isoformat()
+    return (now or timezone.now()).astimezone(zone).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def counter_keys(caps: tuple[BudgetCap, ...], *, task_id: str, day: str) -> list[tuple[str, str]]:
@@ -131,6 +137,30 @@ def check_caps(*, state: CapState, task: Task, tool: Tool, amount: Decimal) -> l
             refusals += _over(label, spent, writes=writes, amount=amount,
                               calls_cap=getattr(cap, calls_field), writes_cap=getattr(cap, writes_field),
                               amount_cap=getattr(cap, amount_field))
+    return refusals
+
+
+def check_cost(*, state: CapState, task: Task, now: datetime | None = None) -> list[str]:
+    """Refusals from the model cost caps of the tenant and the agent: the task's spans per task,
+    and per day the spans of the tenant's (or the agent's) tasks since the tenant's day began.
+    Cost is known only after a model call, so a cap refuses the calls after it is spent."""
+    refusals = []
+    for cap in state.caps:
+        if cap.tool_id is not None or not cap.cost_currency:
+            continue
+        if cap.cost_per_task is not None:
+            spent = spans_cost(Span.objects.filter(task_id=task.task_id), {task.tenant_id}).get(cap.cost_currency, Decimal(0))
+            if spent >= cap.cost_per_task:
+                refusals.append(f"model cost per task spent: {cap.cost_currency} {_num(spent)} of "
+                                f"{_num(cap.cost_per_task)} (capped by {cap.describe()})")
+        if cap.cost_per_day is not None:
+            spans = Span.objects.filter(tenant_id=task.tenant_id, start_time__gte=tenant_day_start(task.tenant, now))
+            if cap.agent_id is not None:
+                spans = spans.filter(task__actor_id=cap.agent_id)
+            spent = spans_cost(spans, {task.tenant_id}).get(cap.cost_currency, Decimal(0))
+            if spent >= cap.cost_per_day:
+                refusals.append(f"{cap.describe()}'s daily model cost cap ({state.day}): {cap.cost_currency} "
+                                f"{_num(spent)} of {_num(cap.cost_per_day)} spent")
     return refusals
 
 

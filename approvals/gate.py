@@ -305,6 +305,7 @@ def check_budgets(*, task: Task, tool: Tool, arguments: dict[str, Any], now=None
             refusals.append(f"amount {_num(amount)} exceeds what is left of the budget: "
                             f"{_num(limit - used)} of {_num(limit)}{_why(max_amount)}")
     refusals += budget_caps.check_caps(state=caps, task=task, tool=tool, amount=amount)
+    refusals += budget_caps.check_cost(state=caps, task=task, now=now)
     if constraints.get("deadline") is not None:
         try:
             deadline = parse_deadline(constraints["deadline"])

@@ -545,6 +545,14 @@ class BudgetCap(models.Model):
     calls_per_day = models.PositiveIntegerField(null=True, blank=True)
     writes_per_day = models.PositiveIntegerField(null=True, blank=True)
     amount_per_day = models.DecimalField(max_digits=18, decimal_places=4, null=True, blank=True)
+    # The agent's model spend (its spans' token usage at the model prices), known only after each
+    # model call: once spent, the next tool call is refused. Tenant and agent caps only.
+    cost_per_task = models.DecimalField(max_digits=18, decimal_places=4, null=True, blank=True,
+                                        help_text="Model cost of one task, in the cost currency.")
+    cost_per_day = models.DecimalField(max_digits=18, decimal_places=4, null=True, blank=True,
+                                       help_text="Model cost of the tenant's (or the agent's) tasks in its day.")
+    cost_currency = models.CharField(max_length=3, blank=True,
+                                     help_text="The currency of the cost caps (spend priced in another is not counted).")
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -589,5 +597,10 @@ class BudgetCap(models.Model):
     def clean(self) -> None:
         if self.agent_id is not None and self.tool_id is not None:
             raise ValidationError("A cap covers the tenant, one agent or one tool: not an agent and a tool.")
+        if self.cost_per_task is not None or self.cost_per_day is not None:
+            if self.tool_id is not None:
+                raise ValidationError("The model's cost is the agent's, not a tool's: cap it on the tenant or the agent.")
+            if not self.cost_currency:
+                raise ValidationError({"cost_currency": "A cost cap needs its currency (e.g. USD)."})
         if self.agent_id is not None and self.tenant_id is not None and self.agent.tenant_id != self.tenant_id:
             raise ValidationError({"agent": "This agent belongs to another tenant."})

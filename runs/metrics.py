@@ -16,13 +16,12 @@ from decimal import Decimal
 from math import comb
 
 from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncHour
 
 from console.lib.canonical import sha256_hex
 from console.models import Event
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 from runs.models import Span, Task, TaskStatus
-from runs.pricing import PriceBook, format_money
+from runs.pricing import format_money, spans_cost
 
 RESOLVED = {OperationStatus.CONFIRMED, OperationStatus.RETRY_SAFE, OperationStatus.FAILED, OperationStatus.COMPENSATION_REQUIRED}
 TASK_DONE = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
@@ -141,21 +140,9 @@ def compute(*, tenant_ids: set[int], since: datetime, task_type: str = "", tier:
 
 def _token_cost(tasks, tenant_ids: set[int]) -> dict[str, Decimal]:
     """What the tasks' model calls cost, per currency: all of them, failed attempts included,
-    which is the point of an amplification figure. Usage is summed per model and hour in SQL and
-    priced at the hour's start, so on the dashboard a new price takes effect from the next full
-    hour (the run page prices each span at its own start)."""
-    book = PriceBook.for_tenants(tenant_ids)
-    usage = (Span.objects.filter(task__in=tasks).exclude(input_tokens=None, output_tokens=None)
-             .values("tenant_id", "gen_ai_model", "gen_ai_response_model", hour=TruncHour("start_time"))
-             .annotate(i=Sum("input_tokens"), o=Sum("output_tokens")).order_by())
-    totals: dict[str, Decimal] = {}
-    for row in usage:
-        cost = book.cost(tenant_id=row["tenant_id"], request_model=row["gen_ai_model"],
-                         response_model=row["gen_ai_response_model"], at=row["hour"],
-                         input_tokens=row["i"], output_tokens=row["o"])
-        if cost is not None:
-            totals[cost[0]] = totals.get(cost[0], Decimal(0)) + cost[1]
-    return totals
+    which is the point of an amplification figure; on the dashboard a new price takes effect
+    from the next full hour."""
+    return spans_cost(Span.objects.filter(task__in=tasks), tenant_ids)
 
 
 def _touched_by_people(operations) -> set[str]:

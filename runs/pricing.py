@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import Q, Sum
+from django.db.models.functions import TruncHour
 
 from runs.models import ModelPrice
 
@@ -52,6 +53,23 @@ class PriceBook:
                           + (output_tokens or 0) * price.output_per_million) / MILLION
                 return price.currency, amount
         return None
+
+
+def spans_cost(spans, tenant_ids: Iterable[int]) -> dict[str, Decimal]:
+    """What these spans' model calls cost, per currency. Usage is summed per model and hour in
+    SQL and priced at the hour's start (the run page prices each span at its own start)."""
+    book = PriceBook.for_tenants(tenant_ids)
+    usage = (spans.exclude(input_tokens=None, output_tokens=None)
+             .values("tenant_id", "gen_ai_model", "gen_ai_response_model", hour=TruncHour("start_time"))
+             .annotate(i=Sum("input_tokens"), o=Sum("output_tokens")).order_by())
+    totals: dict[str, Decimal] = {}
+    for row in usage:
+        cost = book.cost(tenant_id=row["tenant_id"], request_model=row["gen_ai_model"],
+                         response_model=row["gen_ai_response_model"], at=row["hour"],
+                         input_tokens=row["i"], output_tokens=row["o"])
+        if cost is not None:
+            totals[cost[0]] = totals.get(cost[0], Decimal(0)) + cost[1]
+    return totals
 
 
 def format_money(amounts: dict[str, Decimal]) -> str:

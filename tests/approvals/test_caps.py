@@ -183,3 +183,74 @@ def test_the_admin_refuses_a_cap_on_an_agent_and_a_tool_or_on_another_tenants_ag
     assert b"not an agent and a tool" in both.content
     assert b"belongs to another tenant" in foreign.content
     assert not BudgetCap.objects.exists()
+
+
+# --- model cost: known only from the agent's spans, so a cap refuses the calls after it is spent
+
+def spend(run, *, tokens_in: int, when=None) -> None:
+    """One model call of the task's agent (a span with GenAI usage), priced by a list price of
+    USD 2 per million input tokens."""
+    from django.utils import timezone
+
+    from runs.models import ModelPrice, Span
+
+    if not ModelPrice.objects.exists():
+        ModelPrice.objects.create(model="gpt-x", input_per_million=Decimal("2"), output_per_million=Decimal("0"),
+                                  valid_from=datetime(2020, 1, 1, tzinfo=UTC))
+    now = when or timezone.now()
+    tenant_id = Task.objects.values_list("tenant_id", flat=True).get(pk=run.task_id)
+    Span.objects.create(tenant_id=tenant_id, trace_id=f"{Span.objects.count() + 1:0>32}",
+                        span_id="00000000000000a1", name="chat", start_time=now, end_time=now, duration_ms=1,
+                        task_id=run.task_id, gen_ai_model="gpt-x", input_tokens=tokens_in, output_tokens=0)
+
+
+def test_a_tasks_model_cost_cap_refuses_the_calls_after_it_is_spent(agent, tenant):
+    BudgetCap.objects.create(tenant=tenant, cost_per_task=Decimal("1"), cost_currency="USD")
+    run = start_task(agent)
+    spend(run, tokens_in=400_000)  # USD 0.80
+    assert propose(agent, run, 1).decision == "dispatched"
+    spend(run, tokens_in=100_000)  # USD 1.00 in all: spent
+    refused = propose(agent, run, 2)
+    assert refused.decision == "refused"
+    assert refused.reasons == ("model cost per task spent: USD 1 of 1 (capped by tenant acme)",)
+    other = start_task(agent)  # another task has its own
+    assert propose(agent, other, 3).decision == "dispatched"
+
+
+def test_an_agents_daily_model_cost_cap_counts_its_tasks_of_the_day_only(agent, tenant):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    BudgetCap.objects.create(tenant=tenant, agent=agent, cost_per_day=Decimal("1"), cost_currency="USD")
+    yesterday = start_task(agent)
+    spend(yesterday, tokens_in=5_000_000, when=timezone.now() - timedelta(days=2))
+    first = start_task(agent)
+    spend(first, tokens_in=300_000)
+    second = start_task(agent)
+    assert propose(agent, second, 1).decision == "dispatched"
+    spend(second, tokens_in=200_000)  # USD 1.00 today across the agent's tasks
+    refused = propose(agent, second, 2)
+    assert refused.reasons[0].startswith("agent acme/agent's daily model cost cap")
+    assert "USD 1 of 1" in refused.reasons[0]
+
+
+def test_a_cost_cap_needs_its_currency_and_no_tool(agent, tenant, policy):
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="currency"):
+        BudgetCap(tenant=tenant, cost_per_task=Decimal("1")).full_clean()
+    with pytest.raises(ValidationError, match="model"):
+        BudgetCap(tenant=tenant, tool=Tool.objects.get(name="payments.refund"), cost_per_day=Decimal("1"),
+                  cost_currency="USD").full_clean()
+
+
+def test_an_admin_sets_a_cost_cap_and_the_next_proposal_obeys_it(admin_client, agent, tenant, fast_password_hasher):
+    run = start_task(agent)
+    assert propose(agent, run, 1).decision == "dispatched"  # the gate's cache now holds "no caps"
+    spend(run, tokens_in=1_000_000)  # USD 2
+    response = admin_client.post("/admin/approvals/budgetcap/add/", {
+        "tenant": tenant.pk, "agent": "", "tool": "", "description": "", "cost_currency": "USD",
+        "cost_per_task": "1.5"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert propose(agent, run, 2).reasons == ("model cost per task spent: USD 2 of 1.5 (capped by tenant acme)",)
