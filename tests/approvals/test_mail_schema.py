@@ -36,12 +36,18 @@ def test_an_address_that_is_not_exactly_one_plain_mailbox_is_refused(api, runnin
     assert not Operation.objects.exists()
 
 
-@pytest.mark.parametrize("subject", ["Hello\r\nBcc: evil@x.test", "Hello\nthere", "Hello\rthere", "Hi\x00",
+@pytest.mark.parametrize("subject", ["Hello\r\nBcc: evil@x.test", "Hello\nthere", "Hello\rthere",
                                      "Hi\u2028there", "Hello\n", "Hello\r\n", "\tHello"])
 def test_a_subject_with_a_line_break_or_control_character_is_refused(api, running_task, subject):
     response = propose(api, running_task, subject=subject)
     error = assert_error(response, 400, "invalid")
     assert [(e["path"], e["validator"]) for e in error["details"]["errors"]] == [("subject", "not")]
+    assert not Operation.objects.exists()
+
+
+def test_a_subject_holding_u0000_is_refused_where_the_json_comes_in(api, running_task):
+    response = propose(api, running_task, subject="Hi\x00")
+    assert "U+0000" in assert_error(response, 400, "invalid")["message"]
     assert not Operation.objects.exists()
 
 
