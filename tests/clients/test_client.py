@@ -78,7 +78,7 @@ def test_a_held_call_returns_after_a_reviewer_approves(stack, client, reviewer):
     assert operation.status == "confirmed" and result == operation.result
     assert len(effects(stack, operation.operation_id)) == 1
     task.finish(evidence={"refunded": operation.operation_id})
-    assert judged(task.task_id).status in {"succeeded", "failed", "running"}
+    assert judged(task.task_id).status == "succeeded"
 
 
 def test_a_rejection_raises_rejected_with_the_reviewers_reason(stack, client, reviewer):
@@ -137,16 +137,15 @@ def test_a_restart_after_finish_learns_that_its_task_is_finished(stack, client):
     task.call("payments.refund", refund("ord-9", 30), step_id="refund-ord-9")
     # Waits for the verdict: a criterion not settled yet would send the task back to `running`
     # (which takes a lease again), and that is not what this test is about.
-    assert task.finish(evidence={"refunded": "ord-9"}, wait=60)["status"] in {"succeeded", "failed"}
+    assert task.finish(evidence={"refunded": "ord-9"}, wait=60)["status"] == "succeeded"
 
     with Client(stack.url, AGENT_TOKEN) as restarted:
         with pytest.raises(TaskFinished) as finished:
             restarted.start_task(key="thread-finished", **CONTRACT)
         assert finished.value.task["task_id"] == task.task_id
-        assert finished.value.task["status"] in {"verifying", "succeeded", "failed"}
+        assert finished.value.task["status"] == "succeeded"
         assert restarted.task_by_key("thread-finished")["task_id"] == task.task_id
         assert restarted.task_by_key("thread-never-started") is None
-    judged(task.task_id)
 
 
 def test_tools_lists_what_the_agent_may_call_with_its_schema(client):
@@ -165,7 +164,7 @@ def test_the_async_client_runs_a_call(stack, agent):
     task_id, result = asyncio.run(scenario())
     [operation] = Operation.objects.filter(task_id=task_id)
     assert operation.status == "confirmed" and result == operation.result
-    assert judged(task_id).status in {"succeeded", "failed", "running"}
+    assert judged(task_id).status == "succeeded"
 
 
 def test_an_unreachable_server_raises_countersign_unavailable(db):
