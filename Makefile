@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml clients/python/pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist). A test module stays in one process (its module fixtures start
+# once), and modules keep their collection order: browser tests last (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: run cluster test lint chaos bench clean
 
@@ -24,7 +27,7 @@ cluster: $(STAMP)
 
 test: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run > /dev/null
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -118,5 +118,7 @@ def asgi_server(django_db_setup, django_db_blocker):
 
 def pytest_collection_modifyitems(config, items):
     """Browser tests run last: Playwright's sync API keeps an event loop running in the main
-    thread for the rest of the session, after which `async_to_sync` refuses to run there."""
+    thread for the rest of the session, after which `async_to_sync` refuses to run there. Under
+    pytest-xdist this holds in each worker because `make test` hands out whole modules in this
+    order (`--dist loadscope --no-loadscope-reorder`)."""
     items.sort(key=lambda item: "/tests/browser/" in str(item.path))

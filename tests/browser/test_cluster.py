@@ -50,6 +50,13 @@ def free_base_port() -> int:
     raise RuntimeError("no free block of ports")
 
 
+def cluster_redis_databases() -> tuple[int, int]:
+    """Two Redis databases from the top of the range, one pair per test worker: the tests' own
+    start from the bottom (tests/parallel.py)."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    return 14 - 2 * worker, 15 - 2 * worker
+
+
 def redis_url(db: int) -> str:
     broker = os.environ.get("CELERY_BROKER_URL", "")
     parts = urlsplit(broker if broker.startswith("redis") else "redis://127.0.0.1:6379/0")
@@ -90,8 +97,9 @@ class Cluster:
 
     def start(self) -> Cluster:
         drop_database(self.database)
+        broker_db, layer_db = cluster_redis_databases()
         env = {**os.environ, "PORT": str(self.port), "CLUSTER_VAR_DIR": str(self.var),
-               "DATABASE_URL": self.database, "CELERY_BROKER_URL": redis_url(2), "CHANNEL_LAYER_URL": redis_url(3),
+               "DATABASE_URL": self.database, "CELERY_BROKER_URL": redis_url(broker_db), "CHANNEL_LAYER_URL": redis_url(layer_db),
                "COUNTERSIGN_ADMIN_PASSWORD": PASSWORD, "COUNTERSIGN_ENV": "embedded", "SWEEP_SECONDS": "1"}
         self.log = self.log_path.open("wb")
         self.proc = subprocess.Popen([sys.executable, "manage.py", "run_cluster"], cwd=REPO, env=env,
