@@ -57,7 +57,7 @@ PENDING = 10_000
 TASKS = 2_000
 BATCH = 5_000
 APPROVAL_RE = re.compile(r"apr_[0-9a-z]{26}")
-LIVE_LAYER = "redis://127.0.0.1:6379/5"
+LIVE_LAYER = "redis://127.0.0.1:6379/5"  # --live-layer
 TIMING_LOG = ROOT / "artifacts" / "logs" / "bench-inbox-live-timing.log"
 
 
@@ -463,6 +463,7 @@ def stage_breakdown(result: dict) -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
+    global LIVE_LAYER
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fresh", action="store_true", help="drop and re-create the database first")
     parser.add_argument("--runs", type=int, default=3)
@@ -472,10 +473,13 @@ def main() -> None:
     parser.add_argument("--live-poll", type=float, default=0.25, help="LIVE_POLL_SECONDS of the server child")
     parser.add_argument("--no-live", action="store_true")
     parser.add_argument("--no-server-time", action="store_true")
+    parser.add_argument("--database", default="countersign_bench_reviewer_inbox",
+                        help="the bench database's name on DATABASE_URL's server")
+    parser.add_argument("--live-layer", default=LIVE_LAYER, help="the Redis channel layer shared with the server child")
     args = parser.parse_args()
 
     base = os.environ.get("DATABASE_URL", DEFAULT_URL)
-    url = with_database(base, "countersign_bench_reviewer_inbox")
+    url = with_database(base, args.database)
     if not url.startswith(("postgres://", "postgresql://")):
         raise SystemExit("bench/inbox.py needs PostgreSQL")
     (ROOT / "artifacts" / "logs").mkdir(parents=True, exist_ok=True)
@@ -483,6 +487,7 @@ def main() -> None:
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     # This process commits the new requests: it rings the server child's doorbell on the same
     # Redis channel layer (console.live.ring_doorbell_on_commit).
+    LIVE_LAYER = args.live_layer
     os.environ["CHANNEL_LAYER_URL"] = LIVE_LAYER
     setup_django(url)
     seeded = seed()
