@@ -24,6 +24,7 @@ from approvals import selectors
 from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.selectors import decorate_rows, review_context
+from approvals.templatetags.inbox_rows import render_rows
 from console import live
 from console.models import Event
 
@@ -70,11 +71,10 @@ def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
                 inserted.append(row)
         else:
             replaced.append(row)
-    parts = [
-        render_to_string("approvals/_inbox_row.html", {"row": row, "oob": "replace"}) for row in replaced
-    ]
+    parts = [render_rows(replaced, oob="replace")]
     if inserted:
-        parts.append(render_to_string("approvals/_inbox_rows_oob.html", {"rows": list(reversed(inserted))}))
+        rows_html = render_rows(reversed(inserted), oob="insert")
+        parts.append(f'<tbody hx-swap-oob="afterbegin:#inbox-rows">{rows_html}</tbody>\n')
     return "".join(parts)
 
 

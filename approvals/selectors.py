@@ -85,7 +85,7 @@ def _annotated(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySe
     )
 
 
-# What an inbox row shows (templates/approvals/_inbox_row.html) and nothing more: loading the
+# What an inbox row shows (approvals/templatetags/inbox_rows.py) and nothing more: loading the
 # JSON of each row's request, operation, tools and task meant about 350 JSON values decoded
 # per page, a large share of the inbox's server time (bench/inbox.py).
 ROW_FIELDS = ("approval_id", "tenant", "task", "operation", "tool", "task_type", "call_id", "risk_tier",
