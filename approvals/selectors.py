@@ -204,9 +204,12 @@ def filter_choices(scope: ReviewerScope) -> dict[str, list]:
 
 def approval_for_user(user: AbstractBaseUser, scope: ReviewerScope, approval_id: str) -> ApprovalRequest | None:
     qs = ApprovalRequest.objects.filter(approval_id=approval_id, tenant_id__in=scope.tenant_ids)
-    qs = _annotated(qs, user).select_related("operation__tool", "operation__step", "tool", "task", "tenant",
-                                             "requested_by")
-    return qs.first()
+    # The request's tool is its operation's (copied at creation): loaded once, not twice (a
+    # tool row carries a dozen JSON columns).
+    approval = _annotated(qs, user).select_related("operation__tool", "task", "tenant", "requested_by").first()
+    if approval is not None and approval.tool_id == approval.operation.tool_id:
+        approval.tool = approval.operation.tool
+    return approval
 
 
 def decisions_for_operation(operation_id: str) -> list[ApprovalDecision]:
