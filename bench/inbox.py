@@ -43,8 +43,11 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# `--against` measures another checkout's code (the same pages, the same database) with this
+# script: the child it starts imports the product code from there.
+CODE = Path(os.environ.get("INBOX_BENCH_CODE", ROOT)).resolve()
+if str(CODE) not in sys.path:
+    sys.path.insert(0, str(CODE))
 
 from bench.ledger import ensure_database, setup_django, with_database  # noqa: E402
 
@@ -476,7 +479,15 @@ def main() -> None:
     parser.add_argument("--database", default="countersign_bench_reviewer_inbox",
                         help="the bench database's name on DATABASE_URL's server")
     parser.add_argument("--live-layer", default=LIVE_LAYER, help="the Redis channel layer shared with the server child")
+    parser.add_argument("--against", metavar="DIR",
+                        help="server time only: alternate runs of this checkout's code and DIR's (e.g. the code "
+                             "before a change, `git archive REV | tar -x -C DIR`), one run of each per --runs, "
+                             "and print both with their ratio")
+    parser.add_argument("--json", metavar="FILE", help=argparse.SUPPRESS)  # a child of --against writes here
     args = parser.parse_args()
+    if args.against:
+        compare(args)
+        return
 
     base = os.environ.get("DATABASE_URL", DEFAULT_URL)
     url = with_database(base, args.database)
@@ -522,9 +533,43 @@ def main() -> None:
               f"p95 {pct(many, 95) / pct(one, 95):.2f}×")
 
 
+def compare(args) -> None:
+    """Runs of the other checkout ("before") and of this one ("after") alternate, each in a
+    child process of its own (so each imports its own code), against the same database, so that
+    both see the same load; medians of the runs' p50 and p95."""
+    import tempfile
+
+    trees = {"before": Path(args.against).resolve(), "after": ROOT}
+    per_run: dict[str, dict[str, list[tuple[float, float]]]] = {"before": {}, "after": {}}
+    loads = []
+    for run in range(args.runs):
+        for label, tree in trees.items():
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                command = [sys.executable, str(Path(__file__).resolve()), "--no-live", "--runs", "1",
+                           "--requests", str(args.requests), "--database", args.database, "--json", out.name]
+                env = {**os.environ, "INBOX_BENCH_CODE": str(tree)}
+                subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+                for name, values in json.loads(Path(out.name).read_text()).items():
+                    per_run[label].setdefault(name, []).extend(tuple(v) for v in values)
+            loads.append(os.getloadavg()[0])
+            print(f"  run {run + 1} {label:6s} ({tree}) done; load average {loads[-1]:.1f}", flush=True)
+    print(f"server time, before ({trees['before']}) and after ({trees['after']}), {args.runs} alternating runs "
+          f"× {args.requests} requests per page; load average {min(loads):.1f}–{max(loads):.1f}")
+    print(f"   {'page':30s} {'before p50':>10s} {'p95':>8s}   {'after p50':>10s} {'p95':>8s}   before ÷ after (p50, p95)")
+    for name in per_run["after"]:
+        before, after = per_run["before"].get(name), per_run["after"][name]
+        b50, b95 = (statistics.median(r[i] for r in before) for i in (0, 1)) if before else (float("nan"),) * 2
+        a50, a95 = (statistics.median(r[i] for r in after) for i in (0, 1))
+        print(f"   {name:30s} {b50:8.1f} ms {b95:6.1f} ms   {a50:8.1f} ms {a95:6.1f} ms   "
+              f"{b50 / a50:.2f}×, {b95 / a95:.2f}×")
+
+
 def measure_server_time(seeded: dict, args) -> None:
     print(f"1. server time, {args.runs} runs × {args.requests} requests per page (Django test client, in process)")
     results = server_time(seeded["user"], runs=args.runs, requests=args.requests)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results))
+        return
     print("   medians across runs:")
     inbox_p50 = statistics.median(r[0] for r in results["inbox"])
     for name, per_run in results.items():
