@@ -282,7 +282,7 @@ def start_server(url: str, port: int, live_poll: float) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
                              "--port", str(port), "--lifespan", "off", "--log-level", "warning",
                              "--log-config", str(log_config)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=CODE, env=env, stdout=log, stderr=subprocess.STDOUT)
     import httpx
 
     deadline = time.monotonic() + 30
