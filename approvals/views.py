@@ -29,6 +29,7 @@ from approvals import selectors
 from approvals.filters import InboxFilterSet
 from approvals.forms import ApproveForm, ArgumentsForm, RejectForm
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
+from approvals.renderers import InboxFormRenderer
 from approvals.selectors import ReviewerScope, decorate_rows, review_context
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
@@ -40,6 +41,7 @@ from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
 
 PAGE_SIZE = 25
+FORM_RENDERER = InboxFormRenderer()
 
 
 def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None = None) -> ApprovalRequest:
@@ -59,6 +61,7 @@ def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None =
 def inbox(request: HttpRequest) -> HttpResponse:
     scope = selectors.reviewer_scope(request.user)
     filters = InboxFilterSet(request.GET or None, **selectors.filter_choices(scope))
+    filters.form.renderer = FORM_RENDERER
     active = filters.active()
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
