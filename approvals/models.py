@@ -294,6 +294,9 @@ class PendingCount(models.Model):
     class Meta:
         indexes = [models.Index(fields=["tenant_id", "risk_tier"], name="approval_pending_count_idx")]
 
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} L{self.risk_tier} {self.delta:+d}"
+
 
 class ApprovalDecision(models.Model):
     class Verdict(models.TextChoices):

@@ -27,7 +27,14 @@ from django.utils import timezone
 
 from approvals import catalog
 from approvals.filters import InboxFilterSet
-from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, PendingCount, Tool
+from approvals.models import (
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalStatus,
+    Notification,
+    PendingCount,
+    Tool,
+)
 from approvals.stops import active_stop
 from console.lib.reveal import as_json
 from console.models import AgentPrincipal, Membership, Role
