@@ -15,6 +15,7 @@ from approvals.models import ApprovalRequest, PendingCount
 from ledger import decisions
 from tests.approvals.test_pending_count import recount
 from tests.factories import make_pending_approval
+from tests.ledger.test_decisions_race import at_once
 
 pytestmark = [
     pytest.mark.postgres,
@@ -23,28 +24,6 @@ pytestmark = [
     pytest.mark.usefixtures("fast_password_hasher"),
     pytest.mark.timeout(180),
 ]
-
-
-def at_once(*jobs) -> list[str]:
-    start = threading.Barrier(len(jobs))
-    outcomes: list[str] = [""] * len(jobs)
-
-    def run(index, job):
-        try:
-            start.wait(timeout=30)
-            job()
-            outcomes[index] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported below
-            outcomes[index] = f"error: {exc!r}"
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return outcomes
 
 
 def test_concurrent_filing_deciding_and_folding_keep_the_counts_exact(agent, reviewer, senior, senior2, monkeypatch):
