@@ -153,3 +153,18 @@ def test_reading_folds_the_deltas_into_one_row_per_tier_and_keeps_the_counts(age
     make_pending_approval(agent, risk_tier=3)
     assert counts()[3] == 2
     assert PendingCount.objects.aggregate(n=Sum("delta"))["n"] == 4
+
+
+def test_a_fold_that_fails_leaves_the_deltas_and_the_counts_as_they_were(agent, counts, monkeypatch):
+    from django.db import DatabaseError
+
+    for tier in (3, 3, 4):
+        make_pending_approval(agent, risk_tier=tier)
+    monkeypatch.setattr(selectors, "PENDING_COUNT_COMPACT_AT", 1)
+
+    def deadlock(*args, **kwargs):
+        raise DatabaseError("deadlock detected")
+
+    monkeypatch.setattr(PendingCount.objects, "bulk_create", deadlock)
+    assert counts() == {0: 0, 1: 0, 2: 0, 3: 2, 4: 1}
+    assert PendingCount.objects.count() == 3  # the DELETE was rolled back with the failed fold
