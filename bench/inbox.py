@@ -173,7 +173,9 @@ def seed() -> dict:
 # --- 1. server time --------------------------------------------------------------------------
 
 
-def server_time(user, *, runs: int, requests: int) -> dict[str, list[tuple[float, float]]]:
+def pages_to_measure(user):
+    """(client, pages, headers): a logged-in test client, each page's URL maker, and the
+    headers of the pages that need some; every page is warmed up."""
     from django.test import Client
 
     from approvals.models import ApprovalRequest
@@ -203,19 +205,29 @@ def server_time(user, *, runs: int, requests: int) -> dict[str, list[tuple[float
         "detail": lambda: f"/approvals/{rng.choice(pending)}/",
     }
     headers = {"inbox htmx fragment": {"HTTP_HX_REQUEST": "true"}}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in pages}
     for name, url in pages.items():  # warm-up: templates, connections, plans
         for _ in range(5):
             assert client.get(url(), **headers.get(name, {})).status_code == 200
+    return client, pages, headers
+
+
+def sample(client, url, headers: dict, requests: int) -> list[float]:
+    samples = []
+    for _ in range(requests):
+        target = url()
+        t = time.perf_counter()
+        response = client.get(target, **headers)
+        samples.append((time.perf_counter() - t) * 1000)
+        assert response.status_code == 200, (target, response.status_code)
+    return samples
+
+
+def server_time(user, *, runs: int, requests: int) -> dict[str, list[tuple[float, float]]]:
+    client, pages, headers = pages_to_measure(user)
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in pages}
     for run in range(runs):
         for name, url in pages.items():
-            samples = []
-            for _ in range(requests):
-                target = url()
-                t = time.perf_counter()
-                response = client.get(target, **headers.get(name, {}))
-                samples.append((time.perf_counter() - t) * 1000)
-                assert response.status_code == 200, (target, response.status_code)
+            samples = sample(client, url, headers.get(name, {}), requests)
             results[name].append((pct(samples, 50), pct(samples, 95)))
             print(f"  run {run + 1} {name:30s} p50 {pct(samples, 50):7.1f} ms  p95 {pct(samples, 95):7.1f} ms")
     return results
@@ -483,11 +495,14 @@ def main() -> None:
                         help="server time only: alternate runs of this checkout's code and DIR's (e.g. the code "
                              "before a change, `git archive REV | tar -x -C DIR`), one run of each per --runs, "
                              "and print both with their ratio")
-    parser.add_argument("--json", metavar="FILE", help=argparse.SUPPRESS)  # a child of --against writes here
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a child of --against
     args = parser.parse_args()
     if args.against:
         compare(args)
         return
+    protocol = sys.stdout
+    if args.serve:
+        sys.stdout = sys.stderr  # stdout carries the protocol only
 
     base = os.environ.get("DATABASE_URL", DEFAULT_URL)
     url = with_database(base, args.database)
@@ -502,6 +517,9 @@ def main() -> None:
     os.environ["CHANNEL_LAYER_URL"] = LIVE_LAYER
     setup_django(url)
     seeded = seed()
+    if args.serve:
+        serve(seeded, protocol)
+        return
 
     from approvals.models import ApprovalRequest
     from ledger.models import Operation
@@ -534,42 +552,58 @@ def main() -> None:
 
 
 def compare(args) -> None:
-    """Runs of the other checkout ("before") and of this one ("after") alternate, each in a
-    child process of its own (so each imports its own code), against the same database, so that
-    both see the same load; medians of the runs' p50 and p95."""
-    import tempfile
-
+    """Two children, one importing the other checkout's code ("before") and one this
+    checkout's ("after"), both against the same database; each page is measured by one, then
+    by the other (which goes first alternates), `--requests` requests at a time, so that both
+    see the same load within seconds. Per page and run: p50 and p95; then the medians."""
     trees = {"before": Path(args.against).resolve(), "after": ROOT}
-    per_run: dict[str, dict[str, list[tuple[float, float]]]] = {"before": {}, "after": {}}
-    loads = []
-    for run in range(args.runs):
-        for label, tree in trees.items():
-            with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                command = [sys.executable, str(Path(__file__).resolve()), "--no-live", "--runs", "1",
-                           "--requests", str(args.requests), "--database", args.database, "--json", out.name]
-                env = {**os.environ, "INBOX_BENCH_CODE": str(tree)}
-                subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-                for name, values in json.loads(Path(out.name).read_text()).items():
-                    per_run[label].setdefault(name, []).extend(tuple(v) for v in values)
+    children = {}
+    for label, tree in trees.items():
+        command = [sys.executable, str(Path(__file__).resolve()), "--no-live", "--database", args.database, "--serve"]
+        children[label] = subprocess.Popen(command, env={**os.environ, "INBOX_BENCH_CODE": str(tree)}, text=True,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    names = {label: json.loads(child.stdout.readline()) for label, child in children.items()}
+    assert names["before"] == names["after"], names
+    per_run: dict[str, dict[str, list[tuple[float, float]]]] = {label: {} for label in trees}
+    loads = [os.getloadavg()[0]]
+    try:
+        for run in range(args.runs):
+            for index, name in enumerate(names["after"]):
+                order = list(trees) if (run + index) % 2 == 0 else list(reversed(trees))
+                for label in order:
+                    children[label].stdin.write(json.dumps([name, args.requests]) + "\n")
+                    children[label].stdin.flush()
+                    samples = json.loads(children[label].stdout.readline())
+                    per_run[label].setdefault(name, []).append((pct(samples, 50), pct(samples, 95)))
             loads.append(os.getloadavg()[0])
-            print(f"  run {run + 1} {label:6s} ({tree}) done; load average {loads[-1]:.1f}", flush=True)
-    print(f"server time, before ({trees['before']}) and after ({trees['after']}), {args.runs} alternating runs "
-          f"× {args.requests} requests per page; load average {min(loads):.1f}–{max(loads):.1f}")
+            print(f"  run {run + 1} done; load average {loads[-1]:.1f}", flush=True)
+    finally:
+        for child in children.values():
+            child.stdin.close()
+            child.wait(30)
+    print(f"server time, before ({trees['before']}) and after ({trees['after']}), interleaved page by page, "
+          f"{args.runs} runs × {args.requests} requests per page each; load average {min(loads):.1f}–{max(loads):.1f}")
     print(f"   {'page':30s} {'before p50':>10s} {'p95':>8s}   {'after p50':>10s} {'p95':>8s}   before ÷ after (p50, p95)")
-    for name in per_run["after"]:
-        before, after = per_run["before"].get(name), per_run["after"][name]
-        b50, b95 = (statistics.median(r[i] for r in before) for i in (0, 1)) if before else (float("nan"),) * 2
-        a50, a95 = (statistics.median(r[i] for r in after) for i in (0, 1))
+    for name in names["after"]:
+        b50, b95 = (statistics.median(r[i] for r in per_run["before"][name]) for i in (0, 1))
+        a50, a95 = (statistics.median(r[i] for r in per_run["after"][name]) for i in (0, 1))
         print(f"   {name:30s} {b50:8.1f} ms {b95:6.1f} ms   {a50:8.1f} ms {a95:6.1f} ms   "
               f"{b50 / a50:.2f}×, {b95 / a95:.2f}×")
+
+
+def serve(seeded: dict, out) -> None:
+    """A child of `compare`: the page names on stdout, then for each [name, n] read from stdin,
+    n requests of that page and their times (ms) as one JSON line."""
+    client, pages, headers = pages_to_measure(seeded["user"])
+    print(json.dumps(list(pages)), file=out, flush=True)
+    for line in sys.stdin:
+        name, requests = json.loads(line)
+        print(json.dumps(sample(client, pages[name], headers.get(name, {}), requests)), file=out, flush=True)
 
 
 def measure_server_time(seeded: dict, args) -> None:
     print(f"1. server time, {args.runs} runs × {args.requests} requests per page (Django test client, in process)")
     results = server_time(seeded["user"], runs=args.runs, requests=args.requests)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results))
-        return
     print("   medians across runs:")
     inbox_p50 = statistics.median(r[0] for r in results["inbox"])
     for name, per_run in results.items():
