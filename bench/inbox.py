@@ -20,6 +20,10 @@ pending approval requests (L2/L3/L4 mix, expiries spread over 24 h), all by bulk
    on a new planned operation) and, for each, the time from its commit returning to each
    client receiving a fragment that names the new approval ID. Target: p95 ≤ 100 ms.
 
+`--against DIR` (server time only): the same pages with DIR's code (another checkout, e.g. the
+code before a change) and this checkout's, in two children taking turns page by page, with the
+ratio; the baseline that says whether a change helped on a machine too busy for absolute figures.
+
 The live views are the tail of the event table (console/consumers.py): each consumer polls
 every LIVE_POLL_SECONDS (0.25 s by default), so the poll interval is a floor under the
 latency; `--live-poll` sets it for the server child. Timings are never asserted anywhere: this
