@@ -24,6 +24,7 @@ from approvals import selectors
 from approvals.filters import InboxFilterSet
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.selectors import decorate_rows, review_context
+from approvals.templatetags.inbox_rows import render_rows
 from console import live
 from console.models import Event
 
@@ -70,17 +71,15 @@ def render_inbox(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
                 inserted.append(row)
         else:
             replaced.append(row)
-    parts = [
-        render_to_string("approvals/_inbox_row.html", {"row": row, "oob": "replace"}) for row in replaced
-    ]
+    parts = [render_rows(replaced, oob="replace")]
     if inserted:
-        parts.append(render_to_string("approvals/_inbox_rows_oob.html", {"rows": list(reversed(inserted))}))
+        rows_html = render_rows(reversed(inserted), oob="insert")
+        parts.append(f'<tbody hx-swap-oob="afterbegin:#inbox-rows">{rows_html}</tbody>\n')
     return "".join(parts)
 
 
 def render_inbox_counts(user: AbstractBaseUser, events: Sequence, arg: str) -> str:
-    """The per-tier counts, sent after the rows (a GROUP BY over every pending request takes
-    longer than the rows: bench/inbox.py)."""
+    """The per-tier counts, sent after the rows, so that a new row never waits for them."""
     if not _approval_ids(events):
         return ""
     scope = selectors.reviewer_scope(user)
@@ -91,8 +90,8 @@ def render_inbox_counts(user: AbstractBaseUser, events: Sequence, arg: str) -> s
 
 
 def _tier_counts_for_batch(scope, events: Sequence) -> dict[int, int]:
-    """Every open inbox in this process renders the same batch: the counts (a GROUP BY over
-    every pending request) are computed once per batch and tenant set, not once per socket.
+    """Every open inbox in this process renders the same batch: the counts are read once per
+    batch and tenant set, not once per socket.
     The key is the batch's event ids: another batch (a later event, or one that committed
     late with a lower id) computes them again, so they never lag behind the rows they come with."""
     ids = ",".join(str(e.id) for e in sorted(events, key=lambda e: e.id))

@@ -273,6 +273,31 @@ class ApprovalRequest(models.Model):
         return f"{self.approval_id} ({self.status})"
 
 
+class PendingCount(models.Model):
+    """Pending approval requests per tenant and tier, kept as signed deltas: a trigger on
+    approvals_approvalrequest (migration 0018) adds +1 when a request becomes pending and -1
+    when it stops being pending, or moves tier or tenant while pending, in the transaction that
+    moves it, whoever writes it (a service, a bulk update, the sweeper). The inbox's per-tier
+    counts are the deltas' sums (`selectors.tier_counts`), exact at any snapshot, instead of a
+    COUNT over every pending request on each page.
+
+    Deltas rather than one row per tenant and tier: an insert takes no lock that another
+    transaction waits for, so concurrent proposals do not queue behind one counter row and
+    transactions that touch two tiers in opposite orders cannot deadlock. Readers fold the
+    deltas back into one row per tenant and tier once they pile up (`selectors.compact_pending_counts`).
+    The tenant is a bare column, not a foreign key: the trigger's insert checks nothing else."""
+
+    tenant_id = models.BigIntegerField()
+    risk_tier = models.PositiveSmallIntegerField()
+    delta = models.IntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant_id", "risk_tier"], name="approval_pending_count_idx")]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} L{self.risk_tier} {self.delta:+d}"
+
+
 class ApprovalDecision(models.Model):
     class Verdict(models.TextChoices):
         APPROVE = "approve"

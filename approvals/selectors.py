@@ -6,11 +6,13 @@ does not grow with the number of rows (select_related and subquery annotations).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
+from django.db import DatabaseError, connection, transaction
 from django.db.models import (
     Count,
     Exists,
@@ -18,6 +20,7 @@ from django.db.models import (
     OuterRef,
     QuerySet,
     Subquery,
+    Sum,
     Value,
 )
 from django.db.models.functions import Coalesce
@@ -25,7 +28,14 @@ from django.utils import timezone
 
 from approvals import catalog
 from approvals.filters import InboxFilterSet
-from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Notification, Tool
+from approvals.models import (
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalStatus,
+    Notification,
+    PendingCount,
+    Tool,
+)
 from approvals.stops import active_stop
 from console.lib.reveal import as_json
 from console.models import AgentPrincipal, Membership, Role
@@ -34,6 +44,7 @@ from console.models import AgentPrincipal, Membership, Role
 VIEWER_ROLES = (Role.REVIEWER, Role.ADMIN)
 
 CHOICES_TTL_SECONDS = 60
+logger = logging.getLogger(__name__)
 
 @dataclass
 class ReviewerScope:
@@ -85,7 +96,7 @@ def _annotated(qs: QuerySet[ApprovalRequest], user: AbstractBaseUser) -> QuerySe
     )
 
 
-# What an inbox row shows (templates/approvals/_inbox_row.html) and nothing more: loading the
+# What an inbox row shows (approvals/templatetags/inbox_rows.py) and nothing more: loading the
 # JSON of each row's request, operation, tools and task meant about 350 JSON values decoded
 # per page, a large share of the inbox's server time (bench/inbox.py).
 ROW_FIELDS = ("approval_id", "tenant", "task", "operation", "tool", "task_type", "call_id", "risk_tier",
@@ -134,13 +145,55 @@ def inbox_rows_by_id(user: AbstractBaseUser, scope: ReviewerScope, approval_ids:
     return {row.approval_id: row for row in _as_rows(qs, user)}
 
 
+# Past this many delta rows in a reader's tenants, the reader folds them into one per tenant
+# and tier: summing a few hundred rows costs nothing, a day of transitions would.
+PENDING_COUNT_COMPACT_AT = 256
+
+
 def tier_counts(scope: ReviewerScope) -> dict[int, int]:
-    """Pending requests per tier, L0..L4 (zeros included)."""
-    rows = pending_in_scope(scope).order_by().values("risk_tier").annotate(n=Count("pk"))
+    """Pending, unexpired requests per tier, L0..L4 (zeros included): the pending counters'
+    sums (`PendingCount`, kept by a trigger in the writing transaction), less the requests still
+    pending whose expiry has passed and that the sweeper has not moved yet (an index range over
+    those few). One query, whatever the number of pending requests."""
     counts = {tier: 0 for tier in range(5)}
-    for row in rows:
-        counts[row["risk_tier"]] = row["n"]
+    if not scope.tenant_ids:
+        return counts
+    now = timezone.now()
+    counted = (PendingCount.objects.filter(tenant_id__in=scope.tenant_ids).order_by().values("risk_tier")
+               .annotate(n=Sum("delta"), rows=Count("pk")))
+    expired = (ApprovalRequest.objects.filter(tenant_id__in=scope.tenant_ids, status=ApprovalStatus.PENDING,
+                                              expires_at__lte=now)
+               .order_by().values("risk_tier").annotate(n=-Count("pk"), rows=Value(0)))
+    rows = 0
+    for row in counted.union(expired, all=True):
+        counts[row["risk_tier"]] = counts.get(row["risk_tier"], 0) + row["n"]
+        rows += row["rows"]
+    if rows > PENDING_COUNT_COMPACT_AT:
+        compact_pending_counts(scope.tenant_ids)
     return counts
+
+
+def compact_pending_counts(tenant_ids) -> None:
+    """Fold the tenants' pending-count deltas into one row per tenant and tier, in one
+    transaction: the rows deleted are exactly the rows summed (DELETE … RETURNING), so a delta
+    committed meanwhile by another transaction is left for the next fold, and two readers
+    folding at once each fold only what they deleted (PostgreSQL skips rows another deleted)."""
+    table = PendingCount._meta.db_table
+    ids = sorted(tenant_ids)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE tenant_id IN ({', '.join(['%s'] * len(ids))}) "  # noqa: S608
+                           "RETURNING tenant_id, risk_tier, delta", ids)
+            sums: dict[tuple[int, int], int] = {}
+            for tenant_id, risk_tier, delta in cursor.fetchall():
+                sums[(tenant_id, risk_tier)] = sums.get((tenant_id, risk_tier), 0) + delta
+            PendingCount.objects.bulk_create(
+                [PendingCount(tenant_id=t, risk_tier=r, delta=n) for (t, r), n in sorted(sums.items()) if n])
+    except DatabaseError:
+        # Folding only saves later readers work; the counts already read are exact. Two folds
+        # that lock the same rows in another order (a deadlock) or a busy SQLite file leave the
+        # deltas as they were, for the next reader.
+        logger.warning("pending counts not folded", exc_info=True)
 
 
 def filter_choices(scope: ReviewerScope) -> dict[str, list]:
@@ -166,9 +219,12 @@ def filter_choices(scope: ReviewerScope) -> dict[str, list]:
 
 def approval_for_user(user: AbstractBaseUser, scope: ReviewerScope, approval_id: str) -> ApprovalRequest | None:
     qs = ApprovalRequest.objects.filter(approval_id=approval_id, tenant_id__in=scope.tenant_ids)
-    qs = _annotated(qs, user).select_related("operation__tool", "operation__step", "tool", "task", "tenant",
-                                             "requested_by")
-    return qs.first()
+    # The request's tool is its operation's (copied at creation): loaded once, not twice (a
+    # tool row carries a dozen JSON columns).
+    approval = _annotated(qs, user).select_related("operation__tool", "task", "tenant", "requested_by").first()
+    if approval is not None and approval.tool_id == approval.operation.tool_id:
+        approval.tool = approval.operation.tool
+    return approval
 
 
 def decisions_for_operation(operation_id: str) -> list[ApprovalDecision]:

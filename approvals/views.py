@@ -29,6 +29,7 @@ from approvals import selectors
 from approvals.filters import InboxFilterSet
 from approvals.forms import ApproveForm, ArgumentsForm, RejectForm
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
+from approvals.renderers import InboxFormRenderer
 from approvals.selectors import ReviewerScope, decorate_rows, review_context
 from console import live as console_live
 from console.lib.errors import Conflict, DomainError, InvalidInput, NotFound
@@ -40,6 +41,7 @@ from runs.pricing import PriceBook
 from runs.waterfall import MAX_SPANS, payload, summarize, trace_rows
 
 PAGE_SIZE = 25
+FORM_RENDERER = InboxFormRenderer()
 
 
 def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None = None) -> ApprovalRequest:
@@ -59,16 +61,27 @@ def _get_approval_for_user(user, approval_id: str, scope: ReviewerScope | None =
 def inbox(request: HttpRequest) -> HttpResponse:
     scope = selectors.reviewer_scope(request.user)
     filters = InboxFilterSet(request.GET or None, **selectors.filter_choices(scope))
+    filters.form.renderer = FORM_RENDERER
     active = filters.active()
     # The cursor is read before the rows: a request created in between is then both listed and
     # sent by the stream (the page de-duplicates by row id) rather than missed.
     last_event_id = console_live.cursor_for(request.user, frozenset(scope.tenant_ids))
     counts = selectors.tier_counts(scope)
-    paginator = Paginator(selectors.inbox_ids(scope, filters), PAGE_SIZE)
+    ids = selectors.inbox_ids(scope, filters)
+    paginator = Paginator(ids, PAGE_SIZE)
+    first: list[str] | None = None
     if set(active) <= {"tier"}:
         # The per-tier counts already say how many rows there are: no second COUNT(*).
         paginator.count = counts.get(active["tier"], 0) if "tier" in active else sum(counts.values())
+    elif request.GET.get("page") in (None, "", "1"):
+        # Page 1 of a filtered list: its IDs (and one more) first; a list that fits on the page
+        # is its own count (a search by ID scans every pending request once, not twice).
+        first = list(ids[:PAGE_SIZE + 1])
+        if len(first) <= PAGE_SIZE:
+            paginator.count = len(first)
     page = paginator.get_page(request.GET.get("page"))
+    if first is not None and page.number == 1:
+        page.object_list = first[:PAGE_SIZE]
     rows = decorate_rows(selectors.inbox_rows(request.user, list(page.object_list)), scope)
     query = request.GET.copy()
     query.pop("page", None)

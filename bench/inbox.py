@@ -20,6 +20,10 @@ pending approval requests (L2/L3/L4 mix, expiries spread over 24 h), all by bulk
    on a new planned operation) and, for each, the time from its commit returning to each
    client receiving a fragment that names the new approval ID. Target: p95 ≤ 100 ms.
 
+`--against DIR` (server time only): the same pages with DIR's code (another checkout, e.g. the
+code before a change) and this checkout's, in two children taking turns page by page, with the
+ratio; the baseline that says whether a change helped on a machine too busy for absolute figures.
+
 The live views are the tail of the event table (console/consumers.py): each consumer polls
 every LIVE_POLL_SECONDS (0.25 s by default), so the poll interval is a floor under the
 latency; `--live-poll` sets it for the server child. Timings are never asserted anywhere: this
@@ -43,8 +47,11 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# `--against` measures another checkout's code (the same pages, the same database) with this
+# script: the child it starts imports the product code from there.
+CODE = Path(os.environ.get("INBOX_BENCH_CODE", ROOT)).resolve()
+if str(CODE) not in sys.path:
+    sys.path.insert(0, str(CODE))
 
 from bench.ledger import ensure_database, setup_django, with_database  # noqa: E402
 
@@ -57,7 +64,7 @@ PENDING = 10_000
 TASKS = 2_000
 BATCH = 5_000
 APPROVAL_RE = re.compile(r"apr_[0-9a-z]{26}")
-LIVE_LAYER = "redis://127.0.0.1:6379/5"
+LIVE_LAYER = "redis://127.0.0.1:6379/5"  # --live-layer
 TIMING_LOG = ROOT / "artifacts" / "logs" / "bench-inbox-live-timing.log"
 
 
@@ -170,7 +177,9 @@ def seed() -> dict:
 # --- 1. server time --------------------------------------------------------------------------
 
 
-def server_time(user, *, runs: int, requests: int) -> dict[str, list[tuple[float, float]]]:
+def pages_to_measure(user):
+    """(client, pages, headers): a logged-in test client, each page's URL maker, and the
+    headers of the pages that need some; every page is warmed up."""
     from django.test import Client
 
     from approvals.models import ApprovalRequest
@@ -200,19 +209,29 @@ def server_time(user, *, runs: int, requests: int) -> dict[str, list[tuple[float
         "detail": lambda: f"/approvals/{rng.choice(pending)}/",
     }
     headers = {"inbox htmx fragment": {"HTTP_HX_REQUEST": "true"}}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in pages}
     for name, url in pages.items():  # warm-up: templates, connections, plans
         for _ in range(5):
             assert client.get(url(), **headers.get(name, {})).status_code == 200
+    return client, pages, headers
+
+
+def sample(client, url, headers: dict, requests: int) -> list[float]:
+    samples = []
+    for _ in range(requests):
+        target = url()
+        t = time.perf_counter()
+        response = client.get(target, **headers)
+        samples.append((time.perf_counter() - t) * 1000)
+        assert response.status_code == 200, (target, response.status_code)
+    return samples
+
+
+def server_time(user, *, runs: int, requests: int) -> dict[str, list[tuple[float, float]]]:
+    client, pages, headers = pages_to_measure(user)
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in pages}
     for run in range(runs):
         for name, url in pages.items():
-            samples = []
-            for _ in range(requests):
-                target = url()
-                t = time.perf_counter()
-                response = client.get(target, **headers.get(name, {}))
-                samples.append((time.perf_counter() - t) * 1000)
-                assert response.status_code == 200, (target, response.status_code)
+            samples = sample(client, url, headers.get(name, {}), requests)
             results[name].append((pct(samples, 50), pct(samples, 95)))
             print(f"  run {run + 1} {name:30s} p50 {pct(samples, 50):7.1f} ms  p95 {pct(samples, 95):7.1f} ms")
     return results
@@ -279,7 +298,7 @@ def start_server(url: str, port: int, live_poll: float) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
                              "--port", str(port), "--lifespan", "off", "--log-level", "warning",
                              "--log-config", str(log_config)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=CODE, env=env, stdout=log, stderr=subprocess.STDOUT)
     import httpx
 
     deadline = time.monotonic() + 30
@@ -463,6 +482,7 @@ def stage_breakdown(result: dict) -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
+    global LIVE_LAYER
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fresh", action="store_true", help="drop and re-create the database first")
     parser.add_argument("--runs", type=int, default=3)
@@ -472,10 +492,24 @@ def main() -> None:
     parser.add_argument("--live-poll", type=float, default=0.25, help="LIVE_POLL_SECONDS of the server child")
     parser.add_argument("--no-live", action="store_true")
     parser.add_argument("--no-server-time", action="store_true")
+    parser.add_argument("--database", default="countersign_bench_reviewer_inbox",
+                        help="the bench database's name on DATABASE_URL's server")
+    parser.add_argument("--live-layer", default=LIVE_LAYER, help="the Redis channel layer shared with the server child")
+    parser.add_argument("--against", metavar="DIR",
+                        help="server time only: alternate runs of this checkout's code and DIR's (e.g. the code "
+                             "before a change, `git archive REV | tar -x -C DIR`), one run of each per --runs, "
+                             "and print both with their ratio")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a child of --against
     args = parser.parse_args()
+    if args.against:
+        compare(args)
+        return
+    protocol = sys.stdout
+    if args.serve:
+        sys.stdout = sys.stderr  # stdout carries the protocol only
 
     base = os.environ.get("DATABASE_URL", DEFAULT_URL)
-    url = with_database(base, "countersign_bench_reviewer_inbox")
+    url = with_database(base, args.database)
     if not url.startswith(("postgres://", "postgresql://")):
         raise SystemExit("bench/inbox.py needs PostgreSQL")
     (ROOT / "artifacts" / "logs").mkdir(parents=True, exist_ok=True)
@@ -483,9 +517,13 @@ def main() -> None:
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     # This process commits the new requests: it rings the server child's doorbell on the same
     # Redis channel layer (console.live.ring_doorbell_on_commit).
+    LIVE_LAYER = args.live_layer
     os.environ["CHANNEL_LAYER_URL"] = LIVE_LAYER
     setup_django(url)
     seeded = seed()
+    if args.serve:
+        serve(seeded, protocol)
+        return
 
     from approvals.models import ApprovalRequest
     from ledger.models import Operation
@@ -515,6 +553,56 @@ def main() -> None:
     if one and many:
         print(f"   ratio {args.sockets} sockets / 1 socket: p50 {pct(many, 50) / pct(one, 50):.2f}×, "
               f"p95 {pct(many, 95) / pct(one, 95):.2f}×")
+
+
+def compare(args) -> None:
+    """Two children, one importing the other checkout's code ("before") and one this
+    checkout's ("after"), both against the same database; each page is measured by one, then
+    by the other (which goes first alternates), `--requests` requests at a time, so that both
+    see the same load within seconds. Per page and run: p50 and p95; then the medians."""
+    trees = {"before": Path(args.against).resolve(), "after": ROOT}
+    children = {}
+    for label, tree in trees.items():
+        command = [sys.executable, str(Path(__file__).resolve()), "--no-live", "--database", args.database, "--serve"]
+        children[label] = subprocess.Popen(command, env={**os.environ, "INBOX_BENCH_CODE": str(tree)}, text=True,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    names = {label: json.loads(child.stdout.readline()) for label, child in children.items()}
+    assert names["before"] == names["after"], names
+    per_run: dict[str, dict[str, list[tuple[float, float]]]] = {label: {} for label in trees}
+    loads = [os.getloadavg()[0]]
+    try:
+        for run in range(args.runs):
+            for index, name in enumerate(names["after"]):
+                order = list(trees) if (run + index) % 2 == 0 else list(reversed(trees))
+                for label in order:
+                    children[label].stdin.write(json.dumps([name, args.requests]) + "\n")
+                    children[label].stdin.flush()
+                    samples = json.loads(children[label].stdout.readline())
+                    per_run[label].setdefault(name, []).append((pct(samples, 50), pct(samples, 95)))
+            loads.append(os.getloadavg()[0])
+            print(f"  run {run + 1} done; load average {loads[-1]:.1f}", flush=True)
+    finally:
+        for child in children.values():
+            child.stdin.close()
+            child.wait(30)
+    print(f"server time, before ({trees['before']}) and after ({trees['after']}), interleaved page by page, "
+          f"{args.runs} runs × {args.requests} requests per page each; load average {min(loads):.1f}–{max(loads):.1f}")
+    print(f"   {'page':30s} {'before p50':>10s} {'p95':>8s}   {'after p50':>10s} {'p95':>8s}   before ÷ after (p50, p95)")
+    for name in names["after"]:
+        b50, b95 = (statistics.median(r[i] for r in per_run["before"][name]) for i in (0, 1))
+        a50, a95 = (statistics.median(r[i] for r in per_run["after"][name]) for i in (0, 1))
+        print(f"   {name:30s} {b50:8.1f} ms {b95:6.1f} ms   {a50:8.1f} ms {a95:6.1f} ms   "
+              f"{b50 / a50:.2f}×, {b95 / a95:.2f}×")
+
+
+def serve(seeded: dict, out) -> None:
+    """A child of `compare`: the page names on stdout, then for each [name, n] read from stdin,
+    n requests of that page and their times (ms) as one JSON line."""
+    client, pages, headers = pages_to_measure(seeded["user"])
+    print(json.dumps(list(pages)), file=out, flush=True)
+    for line in sys.stdin:
+        name, requests = json.loads(line)
+        print(json.dumps(sample(client, pages[name], headers.get(name, {}), requests)), file=out, flush=True)
 
 
 def measure_server_time(seeded: dict, args) -> None:
