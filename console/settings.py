@@ -95,6 +95,9 @@ INSTALLED_APPS = [
     "ledger",
 ]
 
+# The web server loads these with their hooks on the event loop (console/middleware.py: Django's
+# MiddlewareMixin sends each hook to a thread). Django's names stay here: its deploy checks look
+# for its middleware by name.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
