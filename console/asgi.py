@@ -18,6 +18,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from console.lib.request_threads import RequestThreads  # noqa: E402
 from console.middleware import asgi_handler  # noqa: E402
 from console.tracing import asgi_lifespan, setup_tracing  # noqa: E402
 
@@ -42,6 +43,9 @@ def _pool_retries_every_second() -> None:
 if settings.DATABASES["default"].get("OPTIONS", {}).get("pool"):
     _pool_retries_every_second()
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
+# Each request's sync code runs in a thread kept between requests, not one started (and joined
+# by another) for every request; with it stays the thread's connection (console/lib/request_threads.py).
+http_app = RequestThreads(http_app)
 
 from console import live  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
