@@ -12,6 +12,7 @@ _POOL_BY_DEFAULT = "DATABASE_POOL" not in os.environ
 if _POOL_BY_DEFAULT:
     os.environ["DATABASE_POOL"] = "10"
 
+import django  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
@@ -19,12 +20,15 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from console.lib.request_threads import RequestThreads  # noqa: E402
-from console.middleware import asgi_handler  # noqa: E402
 from console.tracing import asgi_lifespan, setup_tracing  # noqa: E402
 
 # Before the handler loads its middleware: Django's instrumentation works by adding one.
 # Celery too, so a task's spans continue the trace of the request that published it.
 setup_tracing(instrument_django=True, instrument_celery=True)
+django.setup(set_prefix=False)
+# After setup: it subclasses Django's middleware, whose modules import models.
+from console.middleware import asgi_handler  # noqa: E402
+
 django_asgi_app = asgi_handler()  # get_asgi_application(), the middleware's hooks on the loop
 if _POOL_BY_DEFAULT:
     del os.environ["DATABASE_POOL"]  # the settings have been read

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -101,3 +105,14 @@ def test_two_health_checks_in_a_row_open_one_sqlite_connection():
     # A new SQLite connection parses the whole schema: the second request reuses the first's.
     assert len(opened) == 1
 
+
+
+def test_the_web_servers_application_starts_in_a_fresh_interpreter_with_kept_threads(tmp_path):
+    # Imported by uvicorn before anything sets Django up (console.middleware needs the apps).
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "COUNTERSIGN_VAR_DIR": str(tmp_path),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+    probe = "import console.asgi as a; print(type(a.http_app).__name__)"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "RequestThreads"
