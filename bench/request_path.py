@@ -254,8 +254,9 @@ def main() -> None:
     print(f"bench/request_path.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, {load()}")
     in_process_done = args.no_in_process
     for mode in args.fleet.split(","):
-        stack = Stack(fleet=mode == "on").start()
+        stack = Stack(fleet=mode == "on")
         try:
+            stack.start()
             time.sleep(2)  # the fleet's first tasks
             idle = idle_cpu(stack, args.idle_seconds)
             began = load()

@@ -6,7 +6,8 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
-from console.urls import handler400, handler404, urlpatterns as product_urlpatterns  # noqa: F401
+from console.urls import handler400, handler404  # noqa: F401
+from console.urls import urlpatterns as product_urlpatterns
 
 
 def bare(request: HttpRequest) -> HttpResponse:
