@@ -25,8 +25,11 @@ per round in a shuffled order (so load and noise fall on all of them alike):
 Then, in this process (no HTTP, no ASGI), Django's test client on `/healthz` and `/bench/bare`
 against the same database: what bench/inbox.py's "server time" measures. Printed: p50/p95/p99
 of each, each p50 divided by the bare sync view's, the server process's CPU while idle (what the
-fleet and the server's own loops cost it) and per request. Nothing is asserted: the machine is
-shared; read the ratios, and write the load (`uptime`) beside every figure.
+fleet and the server's own loops cost it) and per request; then the server's CPU per request of
+each target, from a block of requests to that target alone (CPU time leaves out the time a
+request waited for a core, so it holds better than latency on a loaded machine). Nothing is
+asserted: the machine is shared; read the ratios, and write the load (`uptime`) beside every
+figure.
 """
 
 from __future__ import annotations
@@ -203,6 +206,26 @@ def measure(stack: Stack, rounds: int, warmup: int) -> tuple[dict[str, list[floa
     return samples, cpu_per_request
 
 
+def cpu_by_target(stack: Stack, requests: int, idle_share: float) -> dict[str, float]:
+    """The server process's CPU per request of each target, from blocks of `requests` requests
+    each, less the idle share of a core over the block (the fleet's): CPU time does not count
+    the time a request waited for a core, so it says more than latency on a loaded machine."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    out: dict[str, float] = {}
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client:
+        task_id, call_id = final_call(client)
+        for name, target in (("bare, async", "/bench/bare-async"), ("bare, sync", "/bench/bare"),
+                             ("/healthz", "/healthz"), ("API: task GET", f"/api/v1/tasks/{task_id}"),
+                             ("API: call GET (final)", f"/api/v1/calls/{call_id}?task_id={task_id}")):
+            client.get(target).raise_for_status()
+            cpu, began = cpu_seconds(stack.server_pid), time.monotonic()
+            for _ in range(requests):
+                client.get(target).raise_for_status()
+            spent = cpu_seconds(stack.server_pid) - cpu - idle_share / 100 * (time.monotonic() - began)
+            out[name] = spent / requests * 1000
+    return out
+
+
 def idle_cpu(stack: Stack, seconds: float) -> float:
     """The server process's CPU share (of one core) while nobody but the fleet calls it."""
     before, began = cpu_seconds(stack.server_pid), time.monotonic()
@@ -250,6 +273,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
     parser.add_argument("--no-in-process", action="store_true", help="skip the test-client figures")
+    parser.add_argument("--cpu-requests", type=int, default=300,
+                        help="requests per target for the server's CPU per request (0: skip)")
     args = parser.parse_args()
     print(f"bench/request_path.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, {load()}")
     in_process_done = args.no_in_process
@@ -269,6 +294,10 @@ def main() -> None:
             report(title, samples)
             print(f"  server process CPU: {idle:.1f} % of a core while idle (the fleet's calls and the "
                   f"server's loops), {cpu_per_request:.2f} ms per request measured")
+            if args.cpu_requests:
+                per_target = cpu_by_target(stack, args.cpu_requests, idle)
+                print(f"  server CPU per request, {args.cpu_requests} in a row each, less the idle share: "
+                      + ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_target.items()))
         finally:
             stack.stop()
 
