@@ -12,19 +12,24 @@ _POOL_BY_DEFAULT = "DATABASE_POOL" not in os.environ
 if _POOL_BY_DEFAULT:
     os.environ["DATABASE_POOL"] = "10"
 
+import django  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.core.asgi import get_asgi_application  # noqa: E402
 
+from console.lib.request_threads import RequestThreads  # noqa: E402
 from console.tracing import asgi_lifespan, setup_tracing  # noqa: E402
 
 # Before the handler loads its middleware: Django's instrumentation works by adding one.
 # Celery too, so a task's spans continue the trace of the request that published it.
 setup_tracing(instrument_django=True, instrument_celery=True)
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+# After setup: it subclasses Django's middleware, whose modules import models.
+from console.middleware import asgi_handler  # noqa: E402
+
+django_asgi_app = asgi_handler()  # get_asgi_application(), the middleware's hooks on the loop
 if _POOL_BY_DEFAULT:
     del os.environ["DATABASE_POOL"]  # the settings have been read
 
@@ -42,6 +47,9 @@ def _pool_retries_every_second() -> None:
 if settings.DATABASES["default"].get("OPTIONS", {}).get("pool"):
     _pool_retries_every_second()
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
+# Each request's sync code runs in a thread kept between requests, not one started (and joined
+# by another) for every request; with it stays the thread's connection (console/lib/request_threads.py).
+http_app = RequestThreads(http_app)
 
 from console import live  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402

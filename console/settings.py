@@ -95,6 +95,9 @@ INSTALLED_APPS = [
     "ledger",
 ]
 
+# The web server loads these with their hooks on the event loop (console/middleware.py: Django's
+# MiddlewareMixin sends each hook to a thread). Django's names stay here: its deploy checks look
+# for its middleware by name.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -147,14 +150,19 @@ if IS_SQLITE:
     # A file, not :memory:, so that the server and worker processes started by the end-to-end
     # tests see the same test database; one per test run, so parallel runs do not collide.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-countersign-{os.getpid()}.sqlite3")}
+    # A new SQLite connection parses the whole schema before its first statement (milliseconds
+    # of CPU for this one): each thread keeps its connection. The web server's request threads
+    # are kept between requests (console/lib/request_threads.py), as are the long-poll's
+    # database threads and the worker's.
+    DATABASES["default"]["CONN_MAX_AGE"] = 600
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", "test_countersign")}
     # DATABASE_POOL=N: psycopg's connection pool (at most N connections per process) instead of
     # a new connection, backend process and authentication per request. console.asgi turns it
-    # on for the web server: under ASGI every request runs its sync code in a thread of its
-    # own, so CONN_MAX_AGE would strand an open connection in each finished thread (Django's
-    # docs say to use the backend's pool under ASGI). Off elsewhere: a Celery prefork parent
+    # on for the web server: its request threads come and go with the load (a few are kept,
+    # console/lib/request_threads.py), so CONN_MAX_AGE would hold a server connection per thread
+    # ever started (Django's docs say to use the backend's pool under ASGI). Off elsewhere: a Celery prefork parent
     # that had opened a pool would hand its sockets and dead pool threads to every child.
     # With the pool, CONN_HEALTH_CHECKS checks a connection as it leaves the pool.
     DATABASE_POOL = env.int("DATABASE_POOL", 0, validate=Range(min=0))

@@ -1,0 +1,153 @@
+"""Django's middleware, as `MIDDLEWARE` lists them, with their hooks run on the event loop.
+
+`asgi_handler()` is the web server's Django application (console.asgi): Django's ASGI handler
+with each middleware of `MIDDLEWARE` that `ON_THE_LOOP` names loaded as its subclass below.
+`MIDDLEWARE` itself keeps Django's names, which Django's deploy checks look for.
+
+Under ASGI, Django's `MiddlewareMixin.__acall__` runs every `process_request` and
+`process_response` in the request's thread (`sync_to_async`): fifteen thread hops a request for
+the eight middleware below, each one a wake-up of that thread and then of the loop, whatever the
+view. Their hooks are pure computation on the request and the response, except where a
+`*_needs_thread` method below says when they may touch the database: the session saved, messages
+kept in the session, a CSRF check that reads a submitted form. Only then do they go to the
+request's thread, as Django's own would. Under the test client and WSGI (sync) they are Django's
+own, unchanged.
+
+`async_unsafe` guards every database call: a hook that touched the database on the loop would
+raise `SynchronousOnlyOperation`, not block it.
+"""
+
+from __future__ import annotations
+
+import django
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from csp.middleware import CSPMiddleware as _CSPMiddleware
+from django.conf import settings
+from django.contrib.auth.middleware import AuthenticationMiddleware as _AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware as _MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware as _SessionMiddleware
+from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptionsMiddleware
+from django.middleware.common import CommonMiddleware as _CommonMiddleware
+from django.middleware.csrf import CsrfViewMiddleware as _CsrfViewMiddleware
+from django.middleware.security import SecurityMiddleware as _SecurityMiddleware
+
+
+def _in_thread(hook):
+    return sync_to_async(hook, thread_sensitive=True)
+
+
+class OnTheLoop:
+    """Mixed in before a `MiddlewareMixin` subclass: its hooks run on the event loop unless
+    the `*_needs_thread` method for that hook says otherwise."""
+
+    def request_needs_thread(self, request: HttpRequest) -> bool:
+        return False
+
+    def response_needs_thread(self, request: HttpRequest, response: HttpResponseBase) -> bool:
+        return False
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        response = None
+        if hasattr(self, "process_request"):
+            if self.request_needs_thread(request):
+                response = await _in_thread(self.process_request)(request)
+            else:
+                response = self.process_request(request)
+        response = response or await self.get_response(request)
+        if hasattr(self, "process_response"):
+            if self.response_needs_thread(request, response):
+                response = await _in_thread(self.process_response)(request, response)
+            else:
+                response = self.process_response(request, response)
+        return response
+
+
+class SecurityMiddleware(OnTheLoop, _SecurityMiddleware):
+    pass
+
+
+class CSPMiddleware(OnTheLoop, _CSPMiddleware):
+    pass
+
+
+class SessionMiddleware(OnTheLoop, _SessionMiddleware):
+    # `process_request` only makes the store (lazy). A session that was never read was not
+    # changed and is not saved: `process_response` then only looks at flags and the cookie.
+    def response_needs_thread(self, request: HttpRequest, response: HttpResponseBase) -> bool:
+        session = getattr(request, "session", None)
+        return session is not None and session.accessed
+
+
+class CommonMiddleware(OnTheLoop, _CommonMiddleware):
+    pass
+
+
+class CsrfViewMiddleware(OnTheLoop, _CsrfViewMiddleware):
+    # The CSRF secret is read from its cookie; kept in the session instead, it is a query.
+    def request_needs_thread(self, request: HttpRequest) -> bool:
+        return settings.CSRF_USE_SESSIONS
+
+    def response_needs_thread(self, request: HttpRequest, response: HttpResponseBase) -> bool:
+        return settings.CSRF_USE_SESSIONS
+
+    def __init__(self, get_response) -> None:
+        super().__init__(get_response)
+        if iscoroutinefunction(get_response):
+            # Django's handler adapts a sync process_view with a thread hop of its own; this
+            # one is a coroutine function, so it is called as it is.
+            self.process_view = self._process_view_on_the_loop
+
+    async def _process_view_on_the_loop(self, request, callback, callback_args, callback_kwargs):
+        check = super().process_view
+        # A safe method or an exempt view is accepted without reading anything; a form's POST
+        # reads its body (possibly a file upload) and, with CSRF_USE_SESSIONS, the session.
+        if (request.method in ("GET", "HEAD", "OPTIONS", "TRACE") or getattr(callback, "csrf_exempt", False)
+                or getattr(request, "csrf_processing_done", False)) and not settings.CSRF_USE_SESSIONS:
+            return check(request, callback, callback_args, callback_kwargs)
+        return await _in_thread(check)(request, callback, callback_args, callback_kwargs)
+
+
+
+class AuthenticationMiddleware(OnTheLoop, _AuthenticationMiddleware):
+    # The user is a lazy object: loading it (a query) happens where it is read.
+    pass
+
+
+class MessageMiddleware(OnTheLoop, _MessageMiddleware):
+    # Messages nobody added or read are not stored; stored ones may go to the session.
+    def response_needs_thread(self, request: HttpRequest, response: HttpResponseBase) -> bool:
+        storage = getattr(request, "_messages", None)
+        return storage is not None and (storage.used or storage.added_new)
+
+
+class XFrameOptionsMiddleware(OnTheLoop, _XFrameOptionsMiddleware):
+    pass
+
+
+ON_THE_LOOP = {
+    "django.middleware.security.SecurityMiddleware": "console.middleware.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware": "console.middleware.CSPMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware": "console.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware": "console.middleware.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware": "console.middleware.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware": "console.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware": "console.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": "console.middleware.XFrameOptionsMiddleware",
+}
+
+
+def asgi_handler() -> ASGIHandler:
+    """Django's ASGI application (as `get_asgi_application()`), its middleware on the loop.
+
+    The handler reads MIDDLEWARE once, as it builds its chain: only for that moment does the
+    setting name the subclasses, at the server's start, before any request."""
+    django.setup(set_prefix=False)
+    as_listed = settings.MIDDLEWARE
+    settings.MIDDLEWARE = [ON_THE_LOOP.get(path, path) for path in as_listed]
+    try:
+        return ASGIHandler()
+    finally:
+        settings.MIDDLEWARE = as_listed
