@@ -96,6 +96,41 @@ class Point:
                 "duplicates": self.duplicates, "missing": self.missing, "load": self.load}
 
 
+STAGES_SQL = """
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY d.at - o.created_at),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY d.at - o.created_at),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY a.finished_at - a.started_at),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY f.at - a.finished_at)
+FROM ledger_operation o
+JOIN ledger_attempt a ON a.operation_id = o.operation_id AND a.number = 1
+CROSS JOIN LATERAL (SELECT min(e.created_at) AS at FROM ledger_event e WHERE e.entity = 'operation'
+                    AND e.entity_id = o.operation_id AND e.to_status = 'dispatched') d
+CROSS JOIN LATERAL (SELECT min(e.created_at) AS at FROM ledger_event e WHERE e.entity = 'operation'
+                    AND e.entity_id = o.operation_id AND e.to_status = 'confirmed') f
+WHERE o.call_id LIKE %s AND o.status = 'confirmed'
+"""
+
+
+def stages(url: str, tag: str) -> str:
+    """Where a point's calls spent their time, from the ledger's own timestamps (medians):
+    pickup = operation created → `dispatched` event (the commit, the publish, the broker, a
+    worker taking the task and its claim); attempt = the worker's attempt start → finish around
+    the provider call; receipt = finish → `confirmed` event."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        count, pickup, pickup99, attempt, receipt = conn.execute(STAGES_SQL, [tag + "-%"]).fetchone()
+    if not count:
+        return "stages: none"
+
+    def ms(value) -> str:
+        return "n/a" if value is None else f"{value.total_seconds() * 1000:.1f}"
+
+    return (f"stages ({count} calls): pickup p50 {ms(pickup)} ms p99 {ms(pickup99)} ms, "
+            f"attempt p50 {ms(attempt)} ms, receipt p50 {ms(receipt)} ms")
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -468,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                             countersign_agent, lambda i, tag=tag, system=system: (
                                 i, system.urls[i % len(system.urls)], tag), agents, args.seconds)
                         points.append(Point("countersign", servers, workers, agents, seconds, load(), calls))
+                        print("           ", stages(url, tag), flush=True)
                         measured = [points[-1]]
                         if not args.no_dbos:
                             tag = f"db{run}s{servers}w{workers}n{agents}"

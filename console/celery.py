@@ -4,10 +4,13 @@ span processor does not survive fork), in the worker's own process for the threa
 from __future__ import annotations
 
 import os
+import time
 
 from celery import Celery
 from celery.concurrency import get_implementation
 from celery.signals import (
+    task_postrun,
+    task_prerun,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -23,6 +26,50 @@ TRANSPORT_ALIASES["filesystem"] = "console.lib.fs_broker:Transport"
 app = Celery("countersign")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# Celery's Django fix-up closes every database connection before and after each task unless
+# this is set: every dispatch then paid for a new PostgreSQL connection (a backend process,
+# authentication, the session's settings) and started without its prepared statements. The
+# fix-up now closes them after this many tasks (it counts the hooks before and after each);
+# the hooks below close a connection that broke or was left in a transaction at once, and
+# check one that sat idle before a task uses it.
+DB_REUSE_TASKS = 1000
+IDLE_CHECK_SECONDS = 1.0
+app.conf["CELERY_DB_REUSE_MAX"] = DB_REUSE_TASKS
+_IDLE_SINCE = "countersign_idle_since"  # on each connection (one per thread): when its last task ended
+
+
+@task_prerun.connect
+def _check_idle_connections(task=None, **_kwargs) -> None:
+    from django.db import connections
+
+    if task is None or getattr(task.request, "is_eager", False):
+        return  # run inline by its caller, on the caller's connection and transaction
+    now = time.monotonic()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and now - conn.__dict__.get(_IDLE_SINCE, now) >= IDLE_CHECK_SECONDS:
+            # Django pings it (when CONN_HEALTH_CHECKS is on) before its first query, and
+            # reconnects if the server dropped it meanwhile.
+            conn.health_check_done = False
+
+
+@task_postrun.connect
+def _close_unusable_connections(task=None, **_kwargs) -> None:
+    from django.db import connections
+
+    if task is None or getattr(task.request, "is_eager", False):
+        return
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or conn.in_atomic_block:
+            conn.close()
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
+        conn.__dict__[_IDLE_SINCE] = time.monotonic()
 
 
 @worker_process_init.connect

@@ -29,14 +29,13 @@ from approvals.stops import active_stop
 from console.access import reviewer_max_tier
 from console.lib import sql
 from console.lib.locks import lock_name
-from console.models import AgentPrincipal, Event
+from console.models import AgentPrincipal, Event, Tenant
 from console.tracing import tracer
 from ledger import decisions, services, tasks
 from ledger.adapters import adapter_for
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
 from ledger.queries import STILL_MINE_SQL as _STILL_MINE_SQL
-from ledger.queries import agent_for_share_sql as _agent_for_share_sql
 from ledger.queries import claim_sql as _claim_sql
 from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
 from ledger.seams import seam
@@ -140,18 +139,24 @@ def _claim(operation_id: str, *, worker: str):
                                            locked=operation)
 
 
+_CLAIM_LOADS = (Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit)
+
+
 def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int] | None:
-    """The operation locked, with its tool and task, the circuit breaker's stored verdict and
-    the tenant's operations in flight: one statement (the claim runs for every dispatch)."""
+    """The operation locked, with its tool, its task and its agent (share-locked) with the
+    agent's tenant, the circuit breaker's stored verdict and the tenant's operations in flight:
+    one statement (the claim runs for every dispatch)."""
     connection = sql.connection_for(Operation)
     row = sql.fetchone(connection, _claim_sql(connection.vendor), [OperationStatus.DISPATCHED, operation_id])
     if row is None:
         return None
-    at = itertools.accumulate((sql.width(m) for m in (Operation, Tool, Task)), initial=0)
-    operation, tool, task, circuit = (sql.load(model, row, start, connection=connection)
-                                      for model, start in zip((Operation, Tool, Task, ToolCircuit), at, strict=True))
+    at = itertools.accumulate((sql.width(m) for m in _CLAIM_LOADS[:-1]), initial=0)
+    operation, tool, task, principal, tenant, circuit = (
+        sql.load(model, row, start, connection=connection) for model, start in zip(_CLAIM_LOADS, at, strict=True))
+    sql.attach(principal, "tenant", tenant)
     sql.attach(operation, "tool", tool)
     sql.attach(operation, "task", task)
+    sql.attach(operation, "principal", principal)
     return operation, circuit.open_until if circuit else None, row[-1]
 
 
@@ -239,7 +244,9 @@ def _recheck_authority(operation: Operation, approval: ApprovalRequest | None, c
     approvals now required. Never dispatched on authority that no longer holds."""
     # A compensation is asked for by people to undo an effect: the agent's authority is not
     # what stands behind it (the agent may be the reason for it), the tool and the policy are.
-    principal = None if operation.compensates_id is not None else _held_principal(operation.principal_id)
+    # The agent as it is now: the claim read it under a share lock (`_lock_for_claim`), so a
+    # deactivation committed before is seen and one after waits for the claim.
+    principal = None if operation.compensates_id is not None else operation.principal
     verdict = gate.reevaluate(principal=principal, task=operation.task, tool=operation.tool,
                               arguments=operation.arguments, args_hash=operation.arguments_hash, catalog=catalog)
     if verdict.refused:
@@ -266,14 +273,6 @@ def _recheck_authority(operation: Operation, approval: ApprovalRequest | None, c
         decisions.approval_require_again(operation=operation, approval=approval, verdict=verdict, actor=ACTOR)
         return "held:approval_required_again"
     return None
-
-
-def _held_principal(principal_id: int) -> AgentPrincipal:
-    """The agent as it is now, its row share-locked until the claim commits: a deactivation
-    committed before is seen, one after waits for the claim."""
-    connection = sql.connection_for(AgentPrincipal)
-    sql.fetchone(connection, _agent_for_share_sql(connection.vendor), [principal_id])
-    return AgentPrincipal.objects.select_related("tenant").get(pk=principal_id)
 
 
 def _stricter(operation: Operation, approval: ApprovalRequest | None, verdict: gate.GateResult) -> bool:

@@ -22,32 +22,31 @@ _col = sql.column
 
 @cache
 def claim_sql(vendor: str) -> str:
-    """The dispatcher's claim: the operation locked, with its tool, its task, the tool's circuit
-    breaker verdict (or NULLs) and the count of the tenant's operations in a status (dispatched).
+    """The dispatcher's claim: the operation locked, with its tool, its task, its agent (row
+    share-locked: a deactivation committed before is seen, one after waits for the claim to
+    commit) and the agent's tenant, the tool's circuit breaker verdict (or NULLs) and the count
+    of the tenant's operations in a status (dispatched). One statement: the agent's lock and read
+    ride with the operation's, and a row this statement waits for is read as committed.
     Parameters: that status, the operation id."""
     connection = sql.connection_for(Operation)
     operations = sql.table(Operation)
+    locks = sql.for_update(connection, of="o")
+    if locks and connection.features.has_select_for_update_of:
+        locks += " FOR SHARE OF a"
     return (
         f"SELECT {sql.columns(Operation, 'o')}, {sql.columns(Tool, 't')}, {sql.columns(Task, 'k')}, "
-        f"{sql.columns(ToolCircuit, 'c')}, "
+        f"{sql.columns(AgentPrincipal, 'a')}, {sql.columns(Tenant, 'n')}, {sql.columns(ToolCircuit, 'c')}, "
         f"(SELECT COUNT(*) FROM {operations} f "
         f"WHERE {_col(Operation, 'tenant', 'f')} = {_col(Operation, 'tenant', 'o')} "
         f"AND {_col(Operation, 'status', 'f')} = %s) "
         f"FROM {operations} o "
         f"JOIN {sql.table(Tool)} t ON {_col(Tool, 'pk', 't')} = {_col(Operation, 'tool', 'o')} "
         f"JOIN {sql.table(Task)} k ON {_col(Task, 'pk', 'k')} = {_col(Operation, 'task', 'o')} "
+        f"JOIN {sql.table(AgentPrincipal)} a ON {_col(AgentPrincipal, 'pk', 'a')} = {_col(Operation, 'principal', 'o')} "
+        f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(AgentPrincipal, 'tenant', 'a')} "
         f"LEFT JOIN {sql.table(ToolCircuit)} c ON {_col(ToolCircuit, 'tool', 'c')} = {_col(Operation, 'tool', 'o')} "
-        f"WHERE {_col(Operation, 'pk', 'o')} = %s{sql.for_update(connection, of='o')}"
+        f"WHERE {_col(Operation, 'pk', 'o')} = %s{locks}"
     )
-
-
-@cache
-def agent_for_share_sql(vendor: str) -> str:
-    """The dispatcher's claim holds the proposing agent still (active or not) until it commits.
-    Parameter: the agent's id."""
-    connection = sql.connection_for(AgentPrincipal)
-    return (f"SELECT {_col(AgentPrincipal, 'pk', 'a')} FROM {sql.table(AgentPrincipal)} a "
-            f"WHERE {_col(AgentPrincipal, 'pk', 'a')} = %s{sql.for_share(connection)}")
 
 
 # The dispatcher's check, just before the provider call, that the claim is still its own.
@@ -55,6 +54,13 @@ def agent_for_share_sql(vendor: str) -> str:
 STILL_MINE_SQL = (f"SELECT 1 FROM {sql.table(Operation)} "
                   f"WHERE {_col(Operation, 'pk')} = %s AND {_col(Operation, 'status')} = %s "
                   f"AND {_col(Operation, 'fencing_token')} = %s")
+
+
+# Does the agent take webhooks (a URL, not disabled)? Asked inside every move that makes a
+# webhook event. Parameter: the agent's id.
+RECEIVES_WEBHOOKS_SQL = (f"SELECT 1 FROM {sql.table(AgentPrincipal)} "
+                         f"WHERE {_col(AgentPrincipal, 'pk')} = %s AND {_col(AgentPrincipal, 'webhook_disabled_at')} IS NULL "
+                         f"AND {_col(AgentPrincipal, 'webhook_url')} <> ''")
 
 
 @cache
@@ -88,14 +94,15 @@ def task_sql(vendor: str) -> str:
 
 SHAPES = {
     "claim_sql": sql.Shape(
-        tables={"o": Operation, "f": Operation, "t": Tool, "k": Task, "c": ToolCircuit},
+        tables={"o": Operation, "f": Operation, "t": Tool, "k": Task, "a": AgentPrincipal, "n": Tenant,
+                "c": ToolCircuit},
         params=((Operation, "status"), (Operation, "operation_id")),
-        loads=(Operation, Tool, Task, ToolCircuit), scalars=1),
-    "agent_for_share_sql": sql.Shape(
-        tables={"a": AgentPrincipal}, params=((AgentPrincipal, "pk"),), scalars=1),
+        loads=(Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit), scalars=1),
     "STILL_MINE_SQL": sql.Shape(
         tables={"": Operation},
         params=((Operation, "operation_id"), (Operation, "status"), (Operation, "fencing_token")), scalars=1),
+    "RECEIVES_WEBHOOKS_SQL": sql.Shape(
+        tables={"": AgentPrincipal}, params=((AgentPrincipal, "pk"),), scalars=1),
     "lease_sql": sql.Shape(
         tables={"l": Lease, "t": Task}, params=((Lease, "task"), (Task, "tenant")), loads=(Lease,)),
     "task_sql": sql.Shape(

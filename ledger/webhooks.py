@@ -34,7 +34,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from approvals.tools import credential
-from console.lib import safe_http, standard_webhooks
+from console.lib import safe_http, sql, standard_webhooks
 from console.models import AgentPrincipal
 from ledger import tasks
 from ledger.answers import answer_json
@@ -47,6 +47,7 @@ from ledger.models import (
     WebhookEventKind,
     WebhookStatus,
 )
+from ledger.queries import RECEIVES_WEBHOOKS_SQL
 from ledger.selectors import operation_detail
 
 MAX_ERROR_CHARS = 500
@@ -72,8 +73,9 @@ def _kinds(from_status: str, to: str) -> list[str]:
 
 
 def _receives(principal_id: int) -> bool:
-    return AgentPrincipal.objects.filter(pk=principal_id, webhook_disabled_at__isnull=True).exclude(
-        webhook_url="").exists()
+    # A statement written by hand (prepared on PostgreSQL): every receipt asks it.
+    connection = sql.connection_for(AgentPrincipal)
+    return sql.fetchone(connection, RECEIVES_WEBHOOKS_SQL, [principal_id]) is not None
 
 
 def webhooks_plan(operation: Operation, *, from_status: str, to: str) -> list[int]:

@@ -1,0 +1,74 @@
+"""How many statements the dispatcher's three steps send (claim, the attempt's fencing check,
+receipt): the hot path's cost, kept from growing back (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from ledger import dispatcher
+from ledger.models import Attempt, Operation, OperationStatus
+from tests.fixtures.dispatch import authorized_refund, reload
+
+S = OperationStatus
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sandbox_settings", "enqueued")]
+
+
+@pytest.fixture
+def run_at_once(agent, tools, unique):
+    """A refund the gate ran at once (authorized, no approval to consume), after one dispatched
+    before it: the configuration's catalog is warm, as in a worker that has run a call."""
+
+    def make():
+        operation = authorized_refund(agent, unique("ord"))
+        Operation.objects.filter(pk=operation.pk).update(needs_approval=False)
+        return reload(operation)
+
+    dispatcher.run_dispatch(make().operation_id, worker="test")
+    return make
+
+
+def _statements(captured) -> list[str]:
+    """What reached the database, less the test's own savepoints around `atomic`."""
+    return [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+
+def test_the_claim_reads_and_locks_the_operation_its_tool_and_its_agent_in_one_statement(
+        run_at_once, django_assert_max_num_queries):
+    operation = run_at_once()
+
+    # The configuration's generation (share), the operation with its tool, task and agent
+    # (share), the business key's lock and its busy check, the move with its event and attempt:
+    # one statement on PostgreSQL, one per write on SQLite.
+    limit = 5 if connection.vendor == "postgresql" else 6
+    with django_assert_max_num_queries(limit + 2) as captured:
+        operation, attempt = dispatcher._claim(operation.operation_id, worker="test")
+
+    statements = _statements(captured)
+    assert len(statements) <= limit, statements
+    assert sum("console_agentprincipal" in sql for sql in statements) == 1
+    assert operation.status == S.DISPATCHED
+    assert Attempt.objects.get(pk=attempt.pk).fencing_token == attempt.fencing_token
+
+
+def test_the_attempt_checks_its_fencing_token_in_one_statement(run_at_once, django_assert_max_num_queries):
+    operation, attempt = dispatcher._claim(run_at_once().operation_id, worker="test")
+
+    with django_assert_max_num_queries(1):
+        outcome, _latency = dispatcher._call_provider(operation, attempt)
+
+    assert outcome.fact == "known_success"
+
+
+def test_the_receipt_is_the_move_with_its_event_and_attempt_and_the_webhook_check(
+        run_at_once, django_assert_max_num_queries):
+    operation, attempt = dispatcher._claim(run_at_once().operation_id, worker="test")
+    outcome, latency = dispatcher._call_provider(operation, attempt)
+
+    limit = 2 if connection.vendor == "postgresql" else 4
+    with django_assert_max_num_queries(limit + 2) as captured:
+        assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
+
+    assert len(_statements(captured)) <= limit, _statements(captured)
+    assert reload(operation).status == S.CONFIRMED
+    assert Attempt.objects.get(pk=attempt.pk).finished_at is not None
