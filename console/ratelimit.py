@@ -1,8 +1,8 @@
 """Request limits per agent token and per tenant (agent API and OTLP), docs/security.md.
 
 A fixed one-minute window per token and per tenant, counted with the cache's atomic increment
-in the "ratelimit" cache, which every server process shares: Redis in distributed mode, files
-under var/ in embedded mode (one machine). Over a limit is `RateLimited` (429 in the error
+in the "ratelimit" cache, which every server process shares: Redis in distributed mode, the
+memory of embedded mode's one server process (files under var/ in production without Redis). Over a limit is `RateLimited` (429 in the error
 shape, `Retry-After` in the header and in `details`); a limit of 0 is none. Administrators may
 give a tenant or a token its own limit in the admin (`api_rate_per_minute`).
 """

@@ -366,7 +366,8 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["console.ratelimit.AgentRateThrottle"],
 }
 # Requests a minute per agent token and per tenant, agent API and OTLP together (0: no limit);
-# console/ratelimit.py counts them in the "ratelimit" cache, shared by every server process.
+# console/ratelimit.py counts them in the "ratelimit" cache, shared by every server process
+# (Redis; the one server's memory in embedded mode).
 API_RATE_PER_TOKEN = env.int("API_RATE_PER_TOKEN", 3000, validate=Range(min=0))
 API_RATE_PER_TENANT = env.int("API_RATE_PER_TENANT", 12000, validate=Range(min=0))
 RATE_LIMIT_CACHE_URL = env.str(
@@ -379,8 +380,12 @@ CACHES = {
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": RATE_LIMIT_CACHE_URL,
          "KEY_PREFIX": "countersign-ratelimit"}
         if RATE_LIMIT_CACHE_URL else
-        # Embedded mode is one machine: files are shared by its processes (increments are not
-        # atomic there, so concurrent requests may be undercounted a little).
+        # Embedded mode serves HTTP from one process (run_embedded): its memory is the exact,
+        # atomic counter at no cost, where a file cache wrote and renamed two files per request.
+        {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "ratelimit"}
+        if EMBEDDED else
+        # Production without Redis: files are shared by the machine's server processes
+        # (increments are not atomic there, so concurrent requests may be undercounted a little).
         {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(VAR_DIR / "ratelimit")}
     ),
 }
