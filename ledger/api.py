@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -308,8 +309,9 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
     with the status as it is then. A call that is already final, or already past `seen`, is
     answered at once: a poll that starts after the change must not wait for one. A waiting poll
-    wakes on the committed event (`ledger.longpoll.Doorbell`), not on a timer: two database hops
-    when it waits (the call, then the answer), one when it does not."""
+    wakes on the committed event (`ledger.longpoll.Doorbell`), not on a timer. One database hop
+    answers a poll that does not wait; one more, shared by every poll the same ring wakes,
+    answers one that does."""
     if request.method not in ("GET", "HEAD"):
         return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
                       status_code=405, headers={"Allow": "GET, HEAD"})
@@ -333,7 +335,10 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
         look = await db_hop(_look)(request, header, call_id, wait, seen, invalid)
         if look.response is not None:
             return look.response
-        await bell.watch(look.call.pk, look.baseline, wait, since=since)
+        moved = await bell.watch(look.call.pk, look.baseline, wait, since=since,
+                                 answer=partial(_answer, request, look.call))
+    if moved is not None and moved[1] is not None:
+        return moved[1]
     return await db_hop(_answer)(request, look.call)
 
 

@@ -48,10 +48,25 @@ def db_hop(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _Watch:
-    __slots__ = ("baseline", "future")
+    __slots__ = ("answer", "baseline", "future")
 
-    def __init__(self, baseline: str, future: asyncio.Future) -> None:
-        self.baseline, self.future = baseline, future
+    def __init__(self, baseline: str, future: asyncio.Future, answer: Callable[[], Any] | None) -> None:
+        self.baseline, self.future, self.answer = baseline, future, answer
+
+
+def _read(watches: list[tuple[int, _Watch]]) -> tuple[dict[int, str], dict[int, Any]]:
+    """One hop for one ring: the status of every watched call (one query), and the answers of
+    the watches whose call moved, built in the same hop (no second hop per woken poll)."""
+    statuses = call_operation_statuses(sorted({call_pk for call_pk, _ in watches}))
+    answers: dict[int, Any] = {}
+    for call_pk, watch in watches:
+        status = statuses.get(call_pk)
+        if watch.answer is not None and status is not None and status != watch.baseline:
+            try:
+                answers[id(watch)] = watch.answer()
+            except Exception:  # noqa: BLE001 - the poll builds its answer itself
+                logger.warning("long-poll answer failed in the shared read", exc_info=True)
+    return statuses, answers
 
 
 class Doorbell:
@@ -100,24 +115,26 @@ class Doorbell:
         # Rings that come while a read is under way are folded into one more read after it.
         while self.check_wanted and self.watches:
             self.check_wanted = False
+            watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches]
             try:
                 self.reads += 1
-                statuses = await db_hop(call_operation_statuses)(list(self.watches))
+                statuses, answers = await db_hop(_read)(watched)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the fallback poll still answers
                 logger.warning("long-poll status read failed", exc_info=True)
                 return
-            for call_pk, watches in list(self.watches.items()):
+            for call_pk, watch in watched:
                 status = statuses.get(call_pk)
-                for watch in watches:
-                    if status is not None and status != watch.baseline and not watch.future.done():
-                        watch.future.set_result(status)
+                if status is not None and status != watch.baseline and not watch.future.done():
+                    watch.future.set_result((status, answers.get(id(watch))))
 
-    async def watch(self, call_pk: int, baseline: str, wait: float, *, since: int | None) -> str | None:
-        """The call's status once it differs from `baseline`, or None after `wait` seconds.
-        `since`: the `rings` count before the caller read `baseline` (None: read it again now)."""
-        watch = _Watch(baseline, self.loop.create_future())
+    async def watch(self, call_pk: int, baseline: str, wait: float, *, since: int | None,
+                    answer: Callable[[], Any] | None = None) -> tuple[str, Any] | None:
+        """Once the call's status differs from `baseline`: that status and `answer()` (None if
+        building it failed), called in the database hop that read the status. None after `wait`
+        seconds. `since`: the `rings` count before the caller read `baseline` (None: read now)."""
+        watch = _Watch(baseline, self.loop.create_future(), answer)
         self.watches.setdefault(call_pk, []).append(watch)
         try:
             if since is None or since != self.rings:
@@ -236,4 +253,5 @@ async def wait_for_change(call_pk: int, baseline: str, wait: float) -> str | Non
     passed (None), woken by the doorbell (and at the fallback interval)."""
     bell = Doorbell.for_loop()
     async with bell.waiting():
-        return await bell.watch(call_pk, baseline, wait, since=None)
+        moved = await bell.watch(call_pk, baseline, wait, since=None)
+    return moved[0] if moved is not None else None
