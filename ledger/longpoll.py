@@ -55,17 +55,19 @@ class _Watch:
 
 
 def _read(watches: list[tuple[int, _Watch]]) -> tuple[dict[int, str], dict[int, Any]]:
-    """One hop for one ring: the status of every watched call (one query), and the answers of
-    the watches whose call moved, built in the same hop (no second hop per woken poll)."""
+    """One hop for one ring: the status of every watched call (one query). When one watch's
+    call moved, its answer is built in this hop too (no second hop for it). When several did,
+    each poll builds its own, in hops of their own: in parallel, and the next ring's read does
+    not wait behind them."""
     statuses = call_operation_statuses(sorted({call_pk for call_pk, _ in watches}))
+    moved = [watch for call_pk, watch in watches
+             if (status := statuses.get(call_pk)) is not None and status != watch.baseline]
     answers: dict[int, Any] = {}
-    for call_pk, watch in watches:
-        status = statuses.get(call_pk)
-        if watch.answer is not None and status is not None and status != watch.baseline:
-            try:
-                answers[id(watch)] = watch.answer()
-            except Exception:  # noqa: BLE001 - the poll builds its answer itself
-                logger.warning("long-poll answer failed in the shared read", exc_info=True)
+    if len(moved) == 1 and moved[0].answer is not None:
+        try:
+            answers[id(moved[0])] = moved[0].answer()
+        except Exception:  # noqa: BLE001 - the poll builds its answer itself
+            logger.warning("long-poll answer failed in the shared read", exc_info=True)
     return statuses, answers
 
 

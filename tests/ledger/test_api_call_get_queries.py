@@ -99,11 +99,32 @@ def test_one_ring_reads_every_waiting_call_once_and_answers_only_the_polls_whose
 
     woken, still_waiting, bell_reads = asyncio.run(scenario())
 
-    # Answered with the status the shared read found, and the answer built in that same hop.
-    assert woken == [("dispatched", "dispatched"), ("dispatched", "dispatched")]
+    # Answered with the status the shared read found; two polls woken at once build their
+    # answers in hops of their own (in parallel).
+    assert woken == [("dispatched", None), ("dispatched", None)]
     assert still_waiting == ["call-3", "call-4"]
     assert bell_reads == 1
     assert reads == [sorted(call.pk for call in calls.values())]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_the_one_poll_a_ring_wakes_is_answered_in_the_hop_that_read_its_status(api, running_task, monkeypatch):
+    [proposed] = propose(api, running_task, 1)
+    call = Call.objects.get(call_id="call-1")
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        poll = asyncio.create_task(bell.watch(call.pk, "authorized", 30, since=bell.rings,
+                                              answer=lambda: call_detail(call)["status"]))
+        await asyncio.sleep(0)
+        await longpoll.db_hop(ledger_services.operation_dispatch)(
+            operation_id=proposed["operation_id"], worker="test-worker")
+        bell._ring()
+        return await poll, bell.reads
+
+    assert asyncio.run(scenario()) == (("dispatched", "dispatched"), 1)
 
 
 @pytest.mark.django_db(transaction=True)
