@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels import DEFAULT_CHANNEL_LAYER
+from channels.layers import InMemoryChannelLayer, channel_layers, get_channel_layer
 from django.db import close_old_connections
 
 from console.live import DOORBELL_GROUP, latest_event_id
@@ -171,6 +172,10 @@ class Doorbell:
             self.listener = asyncio.create_task(self._watch_tail(last))
             return
         try:
+            # A layer of the bell's own: channels-redis lets one event loop at a time receive on
+            # a layer, and the bell lingers; the process's websocket consumers (perhaps on
+            # another loop) keep the shared one.
+            layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
             channel = await layer.new_channel()
             await layer.group_add(DOORBELL_GROUP, channel)
         except Exception:  # noqa: BLE001 - the fallback poll still answers
@@ -194,6 +199,10 @@ class Doorbell:
         finally:
             with contextlib.suppress(Exception):
                 await layer.group_discard(DOORBELL_GROUP, channel)
+            close = getattr(layer, "close_pools", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
 
     async def _watch_tail(self, last: int | None) -> None:
         while True:
