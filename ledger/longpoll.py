@@ -16,8 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels import DEFAULT_CHANNEL_LAYER
-from channels.layers import InMemoryChannelLayer, channel_layers, get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections
 
 from console.live import DOORBELL_GROUP, latest_event_id
@@ -29,9 +28,6 @@ FALLBACK_POLL_SECONDS = 2.0
 # With an in-memory layer the doorbell watches the event table's tail instead: one query per
 # this interval per event loop, however many polls wait.
 TAIL_POLL_SECONDS = 0.02
-# The Redis listener outlives its last poll by this long: an agent polls again right after an
-# answer, and subscribing again (a channel, a group membership) would cost every poll.
-LINGER_SECONDS = 30.0
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +70,7 @@ def _read(watches: list[tuple[int, _Watch]]) -> tuple[dict[int, str], dict[int, 
 
 class Doorbell:
     """The events doorbell for the long-polls of one event loop: one channel-layer listener
-    however many polls wait, subscribed with the first and dropped a while after the last.
+    however many polls wait, subscribed with the first and dropped with the last.
 
     Each ring reads, in one query, the status of every call a poll waits on (`watch`), and
     answers the polls whose call moved with the status read. A poll marks `rings` before it
@@ -96,8 +92,6 @@ class Doorbell:
         self.rings = 0
         self.waiters = 0
         self.listener: asyncio.Task | None = None
-        self.lingering = False
-        self.linger: asyncio.Task | None = None
         self.starting = asyncio.Lock()
         self.watches: dict[int, list[_Watch]] = {}
         self.checker: asyncio.Task | None = None
@@ -172,17 +166,12 @@ class Doorbell:
             self.listener = asyncio.create_task(self._watch_tail(last))
             return
         try:
-            # A layer of the bell's own: channels-redis lets one event loop at a time receive on
-            # a layer, and the bell lingers; the process's websocket consumers (perhaps on
-            # another loop) keep the shared one.
-            layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
             channel = await layer.new_channel()
             await layer.group_add(DOORBELL_GROUP, channel)
         except Exception:  # noqa: BLE001 - the fallback poll still answers
             logger.warning("long-poll doorbell unavailable", exc_info=True)
             return
         self.listener = asyncio.create_task(self._listen(layer, channel))
-        self.lingering = True
 
     async def _listen(self, layer, channel: str) -> None:
         try:
@@ -199,10 +188,6 @@ class Doorbell:
         finally:
             with contextlib.suppress(Exception):
                 await layer.group_discard(DOORBELL_GROUP, channel)
-            close = getattr(layer, "close_pools", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await close()
 
     async def _watch_tail(self, last: int | None) -> None:
         while True:
@@ -221,9 +206,6 @@ class Doorbell:
     @contextlib.asynccontextmanager
     async def waiting(self):
         self.waiters += 1
-        if self.linger is not None:
-            linger, self.linger = self.linger, None
-            linger.cancel()
         try:
             async with self.starting:
                 if self.listener is None:
@@ -232,17 +214,6 @@ class Doorbell:
         finally:
             self.waiters -= 1
             if not self.waiters:
-                if self.lingering:
-                    self.linger = self.loop.create_task(self._linger())
-                else:
-                    await self._stop()
-
-    async def _linger(self) -> None:
-        try:
-            await asyncio.sleep(LINGER_SECONDS)
-        finally:
-            # Also when the loop shuts down (its tasks are cancelled): nothing outlives it.
-            if not self.waiters:
                 await self._stop()
 
     async def _stop(self) -> None:
@@ -250,7 +221,6 @@ class Doorbell:
         # of a finished loop alive for ever.
         if self._by_loop.get(self.loop) is self:
             del self._by_loop[self.loop]
-        self.lingering = False
         for task in (self.listener, self.checker):
             if task is not None and not task.done():
                 task.cancel()
