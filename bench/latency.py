@@ -7,8 +7,8 @@ Each mode starts the product as `make run` does (`manage.py run_embedded --no-fl
 server, Celery worker, beat, both sandboxes) in a temporary folder on free ports:
 
 - `embedded`: SQLite and the file-system broker (the defaults);
-- `postgres`: PostgreSQL (a fresh database `countersign_bench_latency` on DATABASE_URL's server)
-  and Redis (`--redis`, databases 12 and 13).
+- `postgres`: PostgreSQL (a fresh database, `--database-name`, on DATABASE_URL's server)
+  and Redis (`--redis`, databases 12 and 13 unless `--redis-dbs`).
 
 A scripted agent (one thread per agent, one task each) proposes `orders.lookup` (L1, run at
 once by the gate) and long-polls `GET /api/v1/calls/{id}?wait=` until the call is final; after
@@ -92,6 +92,7 @@ class Stack:
     mode: str
     database_url: str | None
     redis: str
+    redis_dbs: tuple[int, int] = (12, 13)  # broker, channel layer
     var: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="countersign-latency-")))
     port: int = 0
     proc: subprocess.Popen | None = None
@@ -106,8 +107,8 @@ class Stack:
             env.pop(name, None)
         if self.mode == "postgres":
             env["DATABASE_URL"] = self.database_url
-            env["CELERY_BROKER_URL"] = f"{self.redis}/12"
-            env["CHANNEL_LAYER_URL"] = f"{self.redis}/13"
+            env["CELERY_BROKER_URL"] = f"{self.redis}/{self.redis_dbs[0]}"
+            env["CHANNEL_LAYER_URL"] = f"{self.redis}/{self.redis_dbs[1]}"
         log = open(self.var / "run_embedded.log", "w")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen([sys.executable, "manage.py", "run_embedded", "--no-fleet"], cwd=ROOT,
                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -299,6 +300,71 @@ def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple
         print(line(f"  {name}", stages[name]))
 
 
+# --- the floor, measured in the same run ---------------------------------------------------
+
+
+def measure_floor(stack: Stack, rounds: int = 60) -> dict[str, list[float]]:
+    """What any design with these parts pays at least: a Redis publish → subscriber hop (the
+    broker's and the doorbell's), one committed write on the mode's database (the proposal, the
+    claim and the receipt each commit once), and `/healthz` (an ASGI round trip with one read)."""
+    floor: dict[str, list[float]] = {"commit": [], "redis hop": []}
+    if stack.mode == "postgres":
+        import psycopg
+        import redis
+
+        with psycopg.connect(stack.database_url.replace("postgres://", "postgresql://", 1)) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS bench_latency_floor (id serial PRIMARY KEY, at double precision)")
+            conn.commit()
+            for _ in range(rounds):
+                began = time.perf_counter()
+                conn.execute("INSERT INTO bench_latency_floor (at) VALUES (%s)", [time.time()])
+                conn.commit()
+                floor["commit"].append((time.perf_counter() - began) * 1000)
+        client = redis.Redis.from_url(f"{stack.redis}/{stack.redis_dbs[1]}")
+        subscriber = client.pubsub()
+        subscriber.subscribe("bench-latency-floor")
+        subscriber.get_message(timeout=1)
+        for _ in range(rounds):
+            began = time.perf_counter()
+            client.publish("bench-latency-floor", b"ring")
+            while subscriber.get_message(timeout=1) is None:
+                pass
+            floor["redis hop"].append((time.perf_counter() - began) * 1000)
+        subscriber.close()
+        client.close()
+    else:
+        conn = sqlite3.connect(stack.var / "floor.sqlite3", isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS floor (id INTEGER PRIMARY KEY, at REAL)")
+        for _ in range(rounds):
+            began = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO floor (at) VALUES (?)", [time.time()])
+            conn.execute("COMMIT")
+            floor["commit"].append((time.perf_counter() - began) * 1000)
+        conn.close()
+        del floor["redis hop"]
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        floor["/healthz"] = []
+        for _ in range(rounds):
+            began = time.perf_counter()
+            client.get("/healthz").raise_for_status()
+            floor["/healthz"].append((time.perf_counter() - began) * 1000)
+    return floor
+
+
+def report_floor(mode: str, floor: dict[str, list[float]]) -> None:
+    print(f"\n{mode}, the floor (medians of {len(floor['commit'])} rounds, nothing else running in the bench)")
+    for name, values in floor.items():
+        print(f"  {name:<22} p50 {pct(values, 50):8.1f}  p99 {pct(values, 99):8.1f} ms")
+    # A call that is proposed, claimed and confirmed commits three times, is answered over HTTP
+    # twice (the proposal, the final poll) and crosses Redis twice (broker, doorbell).
+    hop = pct(floor.get("redis hop", []), 50) if "redis hop" in floor else 0.0
+    least = 3 * pct(floor["commit"], 50) + 2 * pct(floor["/healthz"], 50) + 2 * hop
+    print(f"  {'overhead floor':<22} p50 {least:8.1f} ms  (3 commits + 2 × /healthz"
+          + (" + 2 Redis hops)" if hop else "; the file broker's 20 ms poll not counted)"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="embedded,postgres")
@@ -308,16 +374,20 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get(
         "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/countersign"))
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument("--redis-dbs", default="12,13", help="the broker's and the channel layer's databases")
+    parser.add_argument("--database-name", default="countersign_bench_latency")
     args = parser.parse_args()
     agent_counts = [int(n) for n in args.agents.split(",")]
     print(f"bench/latency.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()}")
     for mode in args.modes.split(","):
         database_url = None
         if mode == "postgres":
-            database_url = with_database(args.database_url, "countersign_bench_latency")
+            database_url = with_database(args.database_url, args.database_name)
             ensure_database(database_url, fresh=True)
-        stack = Stack(mode, database_url, args.redis).start()
+        broker_db, layer_db = (int(n) for n in args.redis_dbs.split(","))
+        stack = Stack(mode, database_url, args.redis, (broker_db, layer_db)).start()
         try:
+            report_floor(mode, measure_floor(stack))
             for agents in agent_counts:
                 samples = run_agents(stack, agents, args.calls, args.warmup)
                 report(mode, agents, samples, ledger_times(stack, [s.operation_id for s in samples]))

@@ -9,6 +9,8 @@ database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -37,14 +39,14 @@ from console.api import (
 )
 from console.lib.errors import DomainError, InvalidInput
 from ledger.answers import DecisionSerializer, OperationOutputSerializer
-from ledger.longpoll import db_hop, wait_for_change
+from ledger.longpoll import Doorbell, db_hop
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
     FINAL_STATUSES,
     call_detail,
     call_for_principal,
-    call_operation_status,
+    call_status,
     operation_detail,
     operation_for_principal,
 )
@@ -250,8 +252,8 @@ def _parse_wait(raw: str | None) -> float:
     return min(wait, MAX_WAIT_SECONDS)
 
 
-def _call_body(call, request) -> dict[str, Any]:
-    return dict(OperationOutputSerializer(call_detail(call), context={"request": request}).data)
+def _call_body(call, request, *, fresh: bool = True) -> dict[str, Any]:
+    return dict(OperationOutputSerializer(call_detail(call, fresh=fresh), context={"request": request}).data)
 
 
 def _parse_seen(raw: str | None) -> str | None:
@@ -263,12 +265,53 @@ def _parse_seen(raw: str | None) -> str | None:
     return raw
 
 
+def _unknown_token() -> HttpResponse:
+    return _error("unauthenticated", "Use 'Authorization: Bearer <token>' with a known, active agent token.",
+                  status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+@dataclass
+class _Look:
+    """The first database hop of a poll: the answer, when it needs no waiting, or the call
+    and the status to wait on."""
+
+    response: HttpResponse | None = None
+    call: Any = None
+    baseline: str = ""
+
+
+def _look(request: HttpRequest, header: str, call_id: str, wait: float, seen: str | None,
+          invalid: InvalidInput | None) -> _Look:
+    """The agent, the call with its operation, and the answer when there is nothing to wait
+    for: one hop (the token is checked before the query string, as the DRF views do)."""
+    principal = principal_for_authorization(header)
+    if principal is None:
+        return _Look(response=_unknown_token())
+    try:
+        if invalid is not None:
+            raise invalid
+        call = call_for_principal(principal=principal, call_id=call_id, task_id=request.GET.get("task_id") or None)
+        status = call_status(call)
+        baseline = seen or status
+        if wait > 0 and status == baseline and status not in FINAL_STATUSES:
+            return _Look(call=call, baseline=baseline)
+        return _Look(response=_json(_call_body(call, request, fresh=False)))
+    except DomainError as exc:
+        return _Look(response=_error(exc.code, exc.message, exc.details, status_code=exc.status))
+
+
+def _answer(request: HttpRequest, call) -> HttpResponse:
+    return _json(_call_body(call, request))
+
+
 async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     """Long-poll a call: answer when its operation's status differs from the one the agent last
     saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
     with the status as it is then. A call that is already final, or already past `seen`, is
     answered at once: a poll that starts after the change must not wait for one. A waiting poll
-    wakes on the committed event (`ledger.longpoll.wait_for_change`), not on a timer."""
+    wakes on the committed event (`ledger.longpoll.Doorbell`), not on a timer. One database hop
+    answers a poll that does not wait; one more, shared by every poll the same ring wakes,
+    answers one that does."""
     if request.method not in ("GET", "HEAD"):
         return _error("method_not_allowed", f'Method "{request.method}" not allowed.',
                       status_code=405, headers={"Allow": "GET, HEAD"})
@@ -276,23 +319,27 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     if not header:
         return _error("unauthenticated", "Authentication credentials were not provided.",
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
-    principal = await db_hop(principal_for_authorization)(header)
-    if principal is None:
-        return _error("unauthenticated", "Use 'Authorization: Bearer <token>' with a known, active agent token.",
-                      status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    invalid, wait, seen = None, 0.0, None
     try:
         wait = _parse_wait(request.GET.get("wait"))
         seen = _parse_seen(request.GET.get("seen"))
-        call = await db_hop(call_for_principal)(
-            principal=principal, call_id=call_id, task_id=request.GET.get("task_id") or None
-        )
-        status = await db_hop(call_operation_status)(call_pk=call.pk)
-        baseline = seen or status
-        if wait > 0 and status == baseline and status not in FINAL_STATUSES:
-            await wait_for_change(call.pk, baseline, wait)
-        return _json(await db_hop(_call_body)(call, request))
-    except DomainError as exc:
-        return _error(exc.code, exc.message, exc.details, status_code=exc.status)
+    except InvalidInput as exc:
+        invalid, wait = exc, 0.0
+    if wait <= 0:
+        look = await db_hop(_look)(request, header, call_id, wait, seen, invalid)
+        return look.response
+    bell = Doorbell.for_loop()
+    async with bell.waiting():
+        # Rings heard from here on may be for a commit the look below does not see yet.
+        since = bell.rings
+        look = await db_hop(_look)(request, header, call_id, wait, seen, invalid)
+        if look.response is not None:
+            return look.response
+        moved = await bell.watch(look.call.pk, look.baseline, wait, since=since,
+                                 answer=partial(_answer, request, look.call))
+    if moved is not None and moved[1] is not None:
+        return moved[1]
+    return await db_hop(_answer)(request, look.call)
 
 
 class CallGetApi(APIView):

@@ -1,6 +1,10 @@
 """Waiting for a call to change, shared by the agent API's long-poll (`GET /api/v1/calls/{id}?wait=`)
 and the MCP server's answers and `countersign_wait`: short database hops off the event loop
-(`db_hop`) and a wait that wakes on the events doorbell (`wait_for_change`)."""
+(`db_hop`) and a wait that wakes on the events doorbell (`wait_for_change`).
+
+The polls of one event loop wait together: a ring of the doorbell reads the status of every
+call they wait on in one query (not one per poll), and wakes only the polls whose call moved,
+handing them the status it read."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections
 
 from console.live import DOORBELL_GROUP, latest_event_id
-from ledger.selectors import call_operation_status
+from ledger.selectors import call_operation_statuses
 
 # A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
 # it looks again after this long: a ring can be lost (channels-redis drops over capacity).
@@ -40,11 +44,38 @@ def db_hop(fn: Callable[..., Any]) -> Callable[..., Any]:
     return sync_to_async(hop, thread_sensitive=False)
 
 
+class _Watch:
+    __slots__ = ("answer", "baseline", "future")
+
+    def __init__(self, baseline: str, future: asyncio.Future, answer: Callable[[], Any] | None) -> None:
+        self.baseline, self.future, self.answer = baseline, future, answer
+
+
+def _read(watches: list[tuple[int, _Watch]]) -> tuple[dict[int, str], dict[int, Any]]:
+    """One hop for one ring: the status of every watched call (one query). When one watch's
+    call moved, its answer is built in this hop too (no second hop for it). When several did,
+    each poll builds its own, in hops of their own: in parallel, and the next ring's read does
+    not wait behind them."""
+    statuses = call_operation_statuses(sorted({call_pk for call_pk, _ in watches}))
+    moved = [watch for call_pk, watch in watches
+             if (status := statuses.get(call_pk)) is not None and status != watch.baseline]
+    answers: dict[int, Any] = {}
+    if len(moved) == 1 and moved[0].answer is not None:
+        try:
+            answers[id(moved[0])] = moved[0].answer()
+        except Exception:  # noqa: BLE001 - the poll builds its answer itself
+            logger.warning("long-poll answer failed in the shared read", exc_info=True)
+    return statuses, answers
+
+
 class Doorbell:
     """The events doorbell for the long-polls of one event loop: one channel-layer listener
-    however many polls wait, subscribed with the first and dropped with the last. A poll takes
-    the next ring's future before it reads the status, so a commit between the read and the
-    wait still wakes it."""
+    however many polls wait, subscribed with the first and dropped with the last.
+
+    Each ring reads, in one query, the status of every call a poll waits on (`watch`), and
+    answers the polls whose call moved with the status read. A poll marks `rings` before it
+    reads its call: a ring heard since (a commit between its read and its watch) makes its
+    watch look at once instead of waiting for the next ring."""
 
     _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -58,24 +89,81 @@ class Doorbell:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.rung: asyncio.Future = loop.create_future()
+        self.rings = 0
         self.waiters = 0
         self.listener: asyncio.Task | None = None
         self.starting = asyncio.Lock()
-
-    def next_ring(self) -> asyncio.Future:
-        return self.rung
+        self.watches: dict[int, list[_Watch]] = {}
+        self.checker: asyncio.Task | None = None
+        self.check_wanted = False
+        self.reads = 0  # status reads made for the watches (one per ring, however many wait)
 
     def _ring(self) -> None:
-        rung, self.rung = self.rung, self.loop.create_future()
-        rung.set_result(None)
+        self.rings += 1
+        if self.watches:
+            self._request_check()
+
+    def _request_check(self) -> None:
+        self.check_wanted = True
+        if self.checker is None or self.checker.done():
+            self.checker = self.loop.create_task(self._check())
+
+    async def _check(self) -> None:
+        # Rings that come while a read is under way are folded into one more read after it.
+        while self.check_wanted and self.watches:
+            self.check_wanted = False
+            watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches]
+            try:
+                self.reads += 1
+                statuses, answers = await db_hop(_read)(watched)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the fallback poll still answers
+                logger.warning("long-poll status read failed", exc_info=True)
+                return
+            for call_pk, watch in watched:
+                status = statuses.get(call_pk)
+                if status is not None and status != watch.baseline and not watch.future.done():
+                    watch.future.set_result((status, answers.get(id(watch))))
+
+    async def watch(self, call_pk: int, baseline: str, wait: float, *, since: int | None,
+                    answer: Callable[[], Any] | None = None) -> tuple[str, Any] | None:
+        """Once the call's status differs from `baseline`: that status and `answer()` (None if
+        building it failed), called in the database hop that read the status. None after `wait`
+        seconds. `since`: the `rings` count before the caller read `baseline` (None: read now)."""
+        watch = _Watch(baseline, self.loop.create_future(), answer)
+        self.watches.setdefault(call_pk, []).append(watch)
+        try:
+            if since is None or since != self.rings:
+                self._request_check()
+            deadline = self.loop.time() + wait
+            while (remaining := deadline - self.loop.time()) > 0:
+                try:
+                    return await asyncio.wait_for(asyncio.shield(watch.future),
+                                                  timeout=min(FALLBACK_POLL_SECONDS, remaining))
+                except TimeoutError:
+                    # A ring can be lost (channels-redis drops over capacity): look anyway.
+                    self._request_check()
+            return watch.future.result() if watch.future.done() else None
+        finally:
+            watches = self.watches.get(call_pk, [])
+            if watch in watches:
+                watches.remove(watch)
+            if not watches:
+                self.watches.pop(call_pk, None)
 
     async def _subscribe(self) -> None:
         layer = get_channel_layer()
         if layer is None or isinstance(layer, InMemoryChannelLayer):
             # No ring reaches this process from another one (embedded mode's worker commits
             # where the web server cannot hear it): the tail of the event table rings instead.
-            self.listener = asyncio.create_task(self._watch_tail())
+            # Its first place is read before any poll reads its call, so no commit falls between.
+            try:
+                last = await db_hop(latest_event_id)()
+            except Exception:  # noqa: BLE001 - the fallback poll still answers
+                logger.warning("long-poll event tail unreadable", exc_info=True)
+                last = None
+            self.listener = asyncio.create_task(self._watch_tail(last))
             return
         try:
             channel = await layer.new_channel()
@@ -101,9 +189,9 @@ class Doorbell:
             with contextlib.suppress(Exception):
                 await layer.group_discard(DOORBELL_GROUP, channel)
 
-    async def _watch_tail(self) -> None:
-        last = None
+    async def _watch_tail(self, last: int | None) -> None:
         while True:
+            await asyncio.sleep(TAIL_POLL_SECONDS)
             try:
                 current = await db_hop(latest_event_id)()
             except asyncio.CancelledError:
@@ -114,7 +202,6 @@ class Doorbell:
             if last is not None and current != last:
                 self._ring()
             last = current
-            await asyncio.sleep(TAIL_POLL_SECONDS)
 
     @contextlib.asynccontextmanager
     async def waiting(self):
@@ -127,27 +214,25 @@ class Doorbell:
         finally:
             self.waiters -= 1
             if not self.waiters:
-                # Forgotten with its last poll: its futures hold the loop, which would keep the
-                # entry of a finished loop alive for ever.
-                if self._by_loop.get(self.loop) is self:
-                    del self._by_loop[self.loop]
-                if self.listener is not None:
-                    listener, self.listener = self.listener, None
-                    listener.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await listener
+                await self._stop()
+
+    async def _stop(self) -> None:
+        # Forgotten with its last poll: its futures hold the loop, which would keep the entry
+        # of a finished loop alive for ever.
+        if self._by_loop.get(self.loop) is self:
+            del self._by_loop[self.loop]
+        for task in (self.listener, self.checker):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self.listener = self.checker = None
 
 
-async def wait_for_change(call_pk: int, baseline: str, wait: float) -> None:
-    """Until the call's status differs from `baseline` or `wait` seconds have passed, reading
-    the status again at each ring of the doorbell (and at the fallback interval)."""
-    fallback = FALLBACK_POLL_SECONDS
+async def wait_for_change(call_pk: int, baseline: str, wait: float) -> str | None:
+    """Until the call's status differs from `baseline` (answered with it) or `wait` seconds have
+    passed (None), woken by the doorbell (and at the fallback interval)."""
     bell = Doorbell.for_loop()
     async with bell.waiting():
-        deadline = bell.loop.time() + wait
-        while (remaining := deadline - bell.loop.time()) > 0:
-            ring = bell.next_ring()
-            if await db_hop(call_operation_status)(call_pk=call_pk) != baseline:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ring), timeout=min(fallback, remaining))
+        moved = await bell.watch(call_pk, baseline, wait, since=None)
+    return moved[0] if moved is not None else None

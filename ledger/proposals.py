@@ -21,7 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 import rfc8785
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from approvals import audit, catalog, gate
@@ -167,7 +167,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
 
         if known_call:
             return _repeat(_call(task, call_id), task=task, step_id=step_id, tool_name=tool_name,
-                           args_hash=args_hash)
+                           args_hash=args_hash, policy=policy)
 
         run_services.check_fencing_token(task, fencing_token, locked_lease=lease)
         if task.version != expected_version:
@@ -198,7 +198,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             # spends nothing, so a spent budget must not refuse it.
             existing = Operation.objects.select_related("tool", "step").get(pk=operation_id)
             return _regenerated(existing, principal=principal, task=task, call_id=call_id,
-                                intent=intent, args_hash=args_hash)
+                                intent=intent, args_hash=args_hash, policy=policy)
 
         with tracer.start_as_current_span("gate", attributes={
                 "countersign.task_id": task.task_id, "countersign.step_id": step_id,
@@ -399,7 +399,8 @@ def _call(task: Task, call_id: str) -> Call | None:
     return Call.objects.select_related("operation__tool", "operation__step").filter(task=task, call_id=call_id).first()
 
 
-def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: str) -> Proposal:
+def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: str,
+            policy: catalog.Catalog) -> Proposal:
     operation = call.operation
     known = ((operation.tool.name, operation.step.step_id) if operation is not None
              else (call.tool_name, call.step_id))
@@ -417,11 +418,11 @@ def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: 
             task_id=task.task_id, task_version=task.version, reasons=reasons, risk_tier=refusal.get("risk_tier"),
             outcome=refusal_outcome(reasons=reasons, at=call.created_at), repeat=True,
         )
-    return _answer(operation, task=task, call_id=call.call_id, repeat=True)
+    return _answer(operation, task=task, call_id=call.call_id, repeat=True, policy=policy)
 
 
 def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task, call_id: str,
-                 intent: str, args_hash: str) -> Proposal:
+                 intent: str, args_hash: str, policy: catalog.Catalog) -> Proposal:
     """The step is already in the ledger under another call ID (the model regenerated it)."""
     if operation.intent_hash != intent:
         raise IntentMismatch(
@@ -430,16 +431,18 @@ def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task,
             details={"operation_id": operation.operation_id, "step_id": operation.step.step_id,
                      "call_id": operation.call_id},
         )
-    try:
-        with transaction.atomic():
-            Call.objects.create(task=task, call_id=call_id, operation=operation, arguments_hash=args_hash)
-    except IntegrityError:
+    # ON CONFLICT DO NOTHING, no savepoint: the task row is locked, so a writer of this call ID
+    # that got in first does not hold it (a compensation); its row is the answer.
+    written = sql.insert(Call, [{"task": task, "call_id": call_id, "operation_id": operation.operation_id,
+                                 "arguments_hash": args_hash, "created_at": timezone.now()}],
+                         returning=("id",), ignore_conflicts=True)
+    if not written:
         call = _call(task, call_id)
         if call is None:
-            raise
+            raise _LostRace
         return _repeat(call, task=task, step_id=operation.step.step_id, tool_name=operation.tool.name,
-                       args_hash=args_hash)
-    answer = _answer(operation, task=task, call_id=call_id)
+                       args_hash=args_hash, policy=policy)
+    answer = _answer(operation, task=task, call_id=call_id, policy=policy)
     record_event(
         entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, kind=Event.Kind.CALL_MAPPED,
         to_status=answer.decision,
@@ -450,11 +453,13 @@ def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task,
     return answer
 
 
-def _answer(operation: Operation, *, task: Task, call_id: str, repeat: bool = False) -> Proposal:
+def _answer(operation: Operation, *, task: Task, call_id: str, policy: catalog.Catalog,
+            repeat: bool = False) -> Proposal:
     approval = operation_approval(operation, call_id=call_id)
     decision, reasons = operation_decision(operation, approval)
     if decision == Decision.DISPATCHED:
-        reasons = gate.risk_tier(tool=operation.tool, task=task, arguments=operation.arguments)[1]
+        # The generation read with the task: the token is not read again.
+        reasons = gate.risk_tier(tool=operation.tool, task=task, arguments=operation.arguments, catalog=policy)[1]
     return Proposal(
         call_id=call_id, operation_id=operation.operation_id, decision=decision, status=operation.status,
         task_id=task.task_id, task_version=task.version,

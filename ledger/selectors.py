@@ -106,7 +106,10 @@ def call_for_principal(*, principal: AgentPrincipal, call_id: str, task_id: str 
     """The call with this ID in the principal's tenant. Call IDs are unique per task only:
     without `task_id`, an ID used in several tasks is a Conflict naming them (answering the
     newest would hand an agent another task's call)."""
-    qs = Call.objects.filter(call_id=call_id, task__tenant_id=principal.tenant_id)
+    # Its operation, tool, step and task in the same query: what the long-poll and the MCP
+    # server answer from when the call needs no waiting.
+    qs = (Call.objects.select_related("operation__tool", "operation__step", "operation__task")
+          .filter(call_id=call_id, task__tenant_id=principal.tenant_id))
     if task_id:
         qs = qs.filter(task_id=task_id)
     calls = list(qs.order_by("-created_at", "-id")[:2] if task_id else qs.order_by("-created_at", "-id")[:21])
@@ -124,14 +127,29 @@ def call_operation_status(*, call_pk: int) -> str:
     return Call.objects.filter(pk=call_pk).values_list("operation__status", flat=True).first() or REFUSED
 
 
+def call_operation_statuses(call_pks: list[int]) -> dict[int, str]:
+    """`call_operation_status` of many calls in one query: what one ring of the doorbell reads
+    for every poll of a process that waits on it."""
+    rows = Call.objects.filter(pk__in=call_pks).values_list("pk", "operation__status")
+    return {pk: status or REFUSED for pk, status in rows}
+
+
+def call_status(call: Call) -> str:
+    """The status of a call read with its operation (`call_for_principal`)."""
+    return call.operation.status if call.operation_id is not None else REFUSED
+
+
 def operation_approval(operation: Operation, *, call_id: str | None = None) -> ApprovalRequest | None:
     """The approval request that governs the operation now: the newest one (bound to the call
-    that created the operation; a regenerated call ID shares it)."""
+    that created the operation; a regenerated call ID shares it). A call the gate ran at once
+    has none (the dispatcher looks none up either), unless the policy asked for one since, which
+    sets `needs_approval`."""
+    if not operation.needs_approval:
+        return None
     qs = ApprovalRequest.objects.filter(operation=operation)
     if call_id:
-        bound = qs.filter(call_id=call_id).order_by("-created_at").first()
-        if bound is not None:
-            return bound
+        # The request bound to this call first, else the newest: one query.
+        return qs.order_by(models.Case(models.When(call_id=call_id, then=0), default=1), "-created_at").first()
     return qs.order_by("-created_at").first()
 
 
@@ -150,10 +168,11 @@ def operation_decision(operation: Operation, approval: ApprovalRequest | None) -
     return Decision.DISPATCHED, []
 
 
-def approval_detail(approval: ApprovalRequest | None) -> dict[str, Any] | None:
+def approval_detail(approval: ApprovalRequest | None, *, approvals_given: int | None = None) -> dict[str, Any] | None:
     if approval is None:
         return None
-    approvals_given = approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).count()
+    if approvals_given is None:
+        approvals_given = approval.decisions.filter(verdict=ApprovalDecision.Verdict.APPROVE).count()
     return {
         "approval_id": approval.approval_id,
         "status": approval.status,
@@ -174,6 +193,13 @@ def _task_version(task_id: str) -> int:
     return Task.objects.values_list("version", flat=True).get(pk=task_id)
 
 
+def _operation_task_version(operation: Operation) -> int:
+    # Read with the operation (select_related) when it was: the same moment, no second query.
+    if Operation.task.is_cached(operation):
+        return operation.task.version
+    return _task_version(operation.task_id)
+
+
 def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[str, Any]:
     """The shape of GET /operations/{id} and GET /calls/{id}. Through a call, `call_id` is that
     call's ID (which may be a regeneration of the one that created the operation)."""
@@ -190,7 +216,7 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
         "status": operation.status,
         "decision": outcome,
         "final": outcome.final,
-        "task_version": _task_version(operation.task_id),
+        "task_version": _operation_task_version(operation),
         "reasons": reasons,
         "risk_tier": operation.risk_tier,
         "idempotency_key": operation.idempotency_key,
@@ -212,7 +238,7 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
         "receipt": operation.receipt,
         "result": operation.result,
         "last_error": operation.last_error,
-        "approval": approval_detail(approval),
+        "approval": approval_detail(approval, approvals_given=outcome.approvals_given),
         "call_ids": list(operation.calls.order_by("created_at", "id").values_list("call_id", flat=True)),
         "created_at": operation.created_at,
         "updated_at": operation.updated_at,
@@ -233,8 +259,13 @@ def refused_call_detail(call: Call) -> dict[str, Any]:
     }
 
 
-def call_detail(call: Call) -> dict[str, Any]:
+def call_detail(call: Call, *, fresh: bool = True) -> dict[str, Any]:
+    """The call's answer; `fresh=False` answers from the operation read with the call (a
+    call read by `call_for_principal` in this same database hop), `fresh` reads it again."""
     if call.operation_id is None:
         return refused_call_detail(call)
-    operation = Operation.objects.select_related("tool", "step").get(pk=call.operation_id)
+    if fresh or not Call.operation.is_cached(call):
+        operation = Operation.objects.select_related("tool", "step", "task").get(pk=call.operation_id)
+    else:
+        operation = call.operation
     return operation_detail(operation, call=call)

@@ -46,14 +46,14 @@ def proposed(api, running_task) -> dict:
 def poll_started(monkeypatch) -> threading.Event:
     """Set once the view has read the status it will compare against."""
     started = threading.Event()
-    real = ledger_api.call_operation_status
+    real = ledger_api.call_status
 
-    def spy(**kwargs):
-        status = real(**kwargs)
+    def spy(*args, **kwargs):
+        status = real(*args, **kwargs)
         started.set()
         return status
 
-    monkeypatch.setattr(ledger_api, "call_operation_status", spy)
+    monkeypatch.setattr(ledger_api, "call_status", spy)
     return started
 
 

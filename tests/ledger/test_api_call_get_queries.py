@@ -1,0 +1,147 @@
+"""What a long-poll of GET /api/v1/calls/{call_id} costs the database: a poll that needs no
+waiting is answered in one hop, one that waits reads the agent and the call, and one ring of
+the doorbell reads every waiting call's status once and answers the polls whose call moved."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+import pytest
+from django.test import RequestFactory
+
+from ledger import api as ledger_api
+from ledger import longpoll
+from ledger import services as ledger_services
+from ledger.models import Call
+from ledger.selectors import call_detail
+from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import call_body
+
+HEADER = f"Bearer {AGENT_TOKEN}"
+
+
+def request_for(task_id: str):
+    return RequestFactory().get("/api/v1/calls/call-1", {"task_id": task_id})
+
+
+def propose(api, run, n: int) -> list[dict]:
+    return [api.post(f"/api/v1/tasks/{run.task_id}/calls",
+                     call_body(run, call_id=f"call-{i}", step_id=f"step-{i}"), format="json").json()
+            for i in range(1, n + 1)]
+
+
+@pytest.mark.django_db
+def test_a_poll_that_needs_no_waiting_is_answered_from_the_agent_the_call_and_two_reads(
+        api, running_task, django_assert_num_queries):
+    propose(api, running_task, 1)
+    # The agent; the call with its operation, tool, step and task; its attempts; its call IDs.
+    # No approval is looked up for a call the gate ran at once.
+    with django_assert_num_queries(4):
+        look = ledger_api._look(request_for(running_task.task_id), HEADER, "call-1", 0.0, None, None)
+    assert look.response.status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_poll_that_waits_reads_only_the_agent_and_the_call(api, running_task, django_assert_num_queries):
+    propose(api, running_task, 1)
+    with django_assert_num_queries(2):
+        look = ledger_api._look(request_for(running_task.task_id), HEADER, "call-1", 10.0, None, None)
+    assert (look.response, look.baseline) == (None, "authorized")
+
+
+@pytest.mark.django_db
+def test_the_answer_after_a_change_reads_the_operation_its_attempts_and_its_call_ids(
+        api, running_task, django_assert_num_queries):
+    [proposed] = propose(api, running_task, 1)
+    ledger_services.operation_dispatch(operation_id=proposed["operation_id"], worker="test-worker")
+    call = Call.objects.get(call_id="call-1")
+    with django_assert_num_queries(3):
+        response = ledger_api._answer(request_for(running_task.task_id), call)
+    assert response.status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_one_ring_reads_every_waiting_call_once_and_answers_only_the_polls_whose_call_moved(
+        api, running_task, monkeypatch):
+    proposed = propose(api, running_task, 4)
+    calls = {call.call_id: call for call in Call.objects.all()}
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+    reads = []
+    real = longpoll.call_operation_statuses
+
+    def counted(call_pks):
+        reads.append(sorted(call_pks))
+        return real(call_pks)
+
+    monkeypatch.setattr(longpoll, "call_operation_statuses", counted)
+
+    def moved(operation_ids: list[str]) -> None:
+        for operation_id in operation_ids:
+            ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
+
+    async def scenario():
+        # A bell with no listener, rung by hand: exactly one ring.
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        since = bell.rings
+        polls = {call_id: asyncio.create_task(bell.watch(
+                     call.pk, "authorized", 30, since=since, answer=partial(lambda c: call_detail(c)["status"], call)))
+                 for call_id, call in calls.items()}
+        await asyncio.sleep(0)  # every poll is watching
+        await longpoll.db_hop(moved)([answer["operation_id"] for answer in proposed[:2]])
+        bell._ring()
+        woken = await asyncio.gather(polls["call-1"], polls["call-2"])
+        still_waiting = [call_id for call_id, poll in polls.items() if not poll.done()]
+        for poll in polls.values():
+            poll.cancel()
+        return woken, still_waiting, bell.reads
+
+    woken, still_waiting, bell_reads = asyncio.run(scenario())
+
+    # Answered with the status the shared read found; two polls woken at once build their
+    # answers in hops of their own (in parallel).
+    assert woken == [("dispatched", None), ("dispatched", None)]
+    assert still_waiting == ["call-3", "call-4"]
+    assert bell_reads == 1
+    assert reads == [sorted(call.pk for call in calls.values())]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_the_one_poll_a_ring_wakes_is_answered_in_the_hop_that_read_its_status(api, running_task, monkeypatch):
+    [proposed] = propose(api, running_task, 1)
+    call = Call.objects.get(call_id="call-1")
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        poll = asyncio.create_task(bell.watch(call.pk, "authorized", 30, since=bell.rings,
+                                              answer=lambda: call_detail(call)["status"]))
+        await asyncio.sleep(0)
+        await longpoll.db_hop(ledger_services.operation_dispatch)(
+            operation_id=proposed["operation_id"], worker="test-worker")
+        bell._ring()
+        return await poll, bell.reads
+
+    assert asyncio.run(scenario()) == (("dispatched", "dispatched"), 1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_ring_heard_before_the_poll_watches_makes_it_look_at_once(api, running_task, monkeypatch):
+    """The commit fell between the poll's read and its watch: the ring counted since then makes
+    the watch read at once instead of waiting for a ring that already came."""
+    [proposed] = propose(api, running_task, 1)
+    call = Call.objects.get(call_id="call-1")
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        since = bell.rings
+        await longpoll.db_hop(ledger_services.operation_dispatch)(
+            operation_id=proposed["operation_id"], worker="test-worker")
+        bell._ring()  # nobody watches yet
+        return await bell.watch(call.pk, "authorized", 30, since=since)
+
+    assert asyncio.run(scenario()) == ("dispatched", None)

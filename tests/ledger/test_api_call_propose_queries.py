@@ -1,0 +1,61 @@
+"""What POST /api/v1/tasks/{task_id}/calls costs the database for a call the gate runs at once:
+the agent (authentication), then one transaction — the lease and the task locked (the task's
+statement also says whether the call and the operation are known and which policy generation
+holds), the step, and the budgets, call, operation, audit entry and events in one statement on
+PostgreSQL (one each on SQLite) — and its commit. Nothing is read twice."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from tests.fixtures.api import call_body
+
+pytestmark = pytest.mark.usefixtures("fast_password_hasher")
+
+
+def expected() -> int:
+    # PostgreSQL: agent, BEGIN, lease, task, step, the one writing statement, COMMIT.
+    # SQLite: the writing statement is six (task budgets, call, operation, audit entry, two events).
+    return 7 if connection.vendor == "postgresql" else 12
+
+
+def warm(api, running_task) -> None:
+    """The gate's configuration is read once per policy generation and process, not per call."""
+    api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task, call_id="warm", step_id="warm"),
+             format="json")
+
+
+@pytest.mark.django_db
+def test_a_proposal_the_gate_runs_at_once_reads_nothing_twice(api, running_task, django_assert_num_queries):
+    warm(api, running_task)
+    body = call_body(running_task)
+    with django_assert_num_queries(expected()):
+        response = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["status"] == "authorized"
+
+
+@pytest.mark.django_db
+def test_a_repeat_is_answered_from_the_ledger_with_one_read_more(api, running_task, django_assert_num_queries):
+    body = call_body(running_task)
+    api.post(f"/api/v1/tasks/{running_task.task_id}/calls", body, format="json")
+    # Agent, BEGIN, lease, task (the call is known), the call with its operation, COMMIT; no
+    # approval lookup for a call the gate ran at once.
+    with django_assert_num_queries(6):
+        response = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", body, format="json")
+    assert response.status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_regenerated_call_id_is_mapped_without_a_savepoint(api, running_task, django_assert_num_queries):
+    api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task), format="json")
+    # Agent, BEGIN, lease, task (the operation is known), the operation, the call (ON CONFLICT
+    # DO NOTHING instead of a savepoint), its event, COMMIT.
+    body = call_body(running_task, call_id="call-2")
+    with django_assert_num_queries(8) as captured:
+        response = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", body, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["operation_id"] is not None
+    # The one savepoint is the test's own transaction standing in for BEGIN … COMMIT.
+    assert sum("SAVEPOINT" in query["sql"] for query in captured.captured_queries) <= 2
