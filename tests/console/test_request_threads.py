@@ -82,29 +82,32 @@ def test_at_most_keep_threads_stay_after_a_burst():
     stop(threads)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_two_health_checks_in_a_row_open_one_sqlite_connection():
-    if connection.vendor != "sqlite":
-        pytest.skip("PostgreSQL's web server keeps its connections in psycopg's pool (console/asgi.py)")
-    opened: list[object] = []
+SQLITE_PROBE = """
+import asyncio, django
+django.setup()
+from django.db.backends.signals import connection_created
+from console.lib.request_threads import RequestThreads
+from console.middleware import asgi_handler
+from tests.console.asgi_driver import call
+opened = []
+connection_created.connect(lambda sender, connection, **kwargs: opened.append(connection), weak=False)
+threads = RequestThreads(asgi_handler())
+async def two():
+    return [await call(threads, "/healthz"), await call(threads, "/healthz")]
+print([answer.status for answer in asyncio.run(two())], len(opened))
+"""
 
-    def count(sender, connection, **kwargs):
-        opened.append(connection)
 
-    threads = RequestThreads(asgi_handler())
-    connection_created.connect(count)
-    try:
-        async def two():
-            return [await call(threads, "/healthz"), await call(threads, "/healthz")]
-
-        answers = asyncio.run(two())
-    finally:
-        connection_created.disconnect(count)
-        stop(threads)
-    assert [answer.status for answer in answers] == [200, 200]
-    # A new SQLite connection parses the whole schema: the second request reuses the first's.
-    assert len(opened) == 1
-
+def test_two_health_checks_in_a_row_open_one_sqlite_connection(tmp_path):
+    """Embedded mode's web server on SQLite (in a process of its own, so that the PostgreSQL run
+    checks it too): a new SQLite connection parses the whole schema, so the second request must
+    reuse the first's, kept with its thread."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "COUNTERSIGN_VAR_DIR": str(tmp_path),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+    done = subprocess.run([sys.executable, "-c", SQLITE_PROBE], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[200, 200] 1"
 
 
 def test_the_web_servers_application_starts_in_a_fresh_interpreter_with_kept_threads(tmp_path):
