@@ -10,13 +10,10 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
 from asgiref.sync import sync_to_async
-from django.db import connection, connections
-from django.db.backends.signals import connection_created
+from django.db import connections
 
 from console.lib.request_threads import RequestThreads
-from console.middleware import asgi_handler
 from tests.console.asgi_driver import call
 
 
