@@ -72,3 +72,31 @@ def test_the_receipt_is_the_move_with_its_event_and_attempt_and_the_webhook_chec
     assert len(_statements(captured)) <= limit, _statements(captured)
     assert reload(operation).status == S.CONFIRMED
     assert Attempt.objects.get(pk=attempt.pk).finished_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dispatch_runs_one_commit_hook_per_commit_the_doorbell(run_at_once, monkeypatch):
+    """The hooks after the claim's commit run before the provider is called, inside the
+    ledger's "provider" stage, and the receipt's before the worker takes its next call: in a
+    worker both are the events doorbell's ring (a Redis round trip), and nothing else."""
+    from django.db import transaction
+
+    from console import live
+
+    operation = run_at_once()
+    rings: list[str] = []
+    registered: list[object] = []
+    monkeypatch.setattr(live, "SERVING", True)  # the ring is registered as in a worker with Redis
+    monkeypatch.setattr(live, "_ring", lambda: rings.append("ring"))
+    on_commit = transaction.on_commit
+
+    def recording(func, using=None, robust=False):
+        registered.append(func)
+        return on_commit(func, using=using, robust=robust)
+
+    monkeypatch.setattr(transaction, "on_commit", recording)
+
+    assert dispatcher.run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
+
+    assert registered == [live._ring, live._ring]
+    assert rings == ["ring", "ring"]
