@@ -298,7 +298,10 @@ else:
 # while the worker looks alive. Threads share no such lock (a killed worker is one process the
 # supervisor restarts), and dispatch is I/O: the database and the provider, not the CPU.
 CELERY_WORKER_POOL = env.str("CELERY_WORKER_POOL", "threads", validate=OneOf(("threads", "prefork", "solo")))
-CELERY_WORKER_CONCURRENCY = env.int("CELERY_WORKER_CONCURRENCY", 4, validate=Range(min=1))
+# A dispatch holds its thread (and the thread's database connection) through the claim's commit,
+# the provider call, the receipt's commit and their doorbell rings: with four, the calls of a
+# few busy agents waited in the broker for a free thread.
+CELERY_WORKER_CONCURRENCY = env.int("CELERY_WORKER_CONCURRENCY", 8, validate=Range(min=1))
 # Liveness (ledger/liveness.py): a worker writes a heartbeat this often; it is stalled when due
 # work has waited WORKER_STALL_SECONDS and it finished nothing for as long (make run restarts
 # it); beat checks every LIVENESS_CHECK_SECONDS and alerts when the oldest due operation is

@@ -163,3 +163,17 @@ def test_webhooks_to_private_addresses_are_refused_in_production_and_allowed_emb
     assert _setting_in(tmp_path, "WEBHOOK_ALLOW_PRIVATE_ADDRESSES") == "True"
     assert _setting_in(tmp_path, "WEBHOOK_ALLOW_PRIVATE_ADDRESSES", **production,
                        WEBHOOK_ALLOW_PRIVATE_ADDRESSES="true") == "True"
+
+
+def test_a_worker_runs_eight_dispatches_at_once_by_default(tmp_path):
+    # A dispatch holds its thread through two commits, two doorbell rings and the provider
+    # call: with four threads, 16 agents' calls waited in the broker for a free one
+    # (docs/benchmarks.md, "what an agent waits for").
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "SYSTEMROOT")}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c",
+         "from django.conf import settings; print(settings.CELERY_WORKER_POOL, settings.CELERY_WORKER_CONCURRENCY)"],
+        cwd=ROOT, env={**base, "DJANGO_SETTINGS_MODULE": "console.settings", "COUNTERSIGN_VAR_DIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-2:] == ["threads", "8"]
