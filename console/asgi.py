@@ -74,8 +74,15 @@ def doorbell_lifespan(inner):
         if not settings.CHANNEL_LAYER_URL.startswith("memory://"):
             await inner(scope, receive, send)
             return
-        async with live.embedded_doorbell():
-            await inner(scope, receive, send)
+        async with live.embedded_doorbell() as doorbell:
+            async def receive_until_shutdown():
+                message = await receive()
+                if message["type"] == "lifespan.shutdown" and doorbell is not None:
+                    # uvicorn stops its loop once shutdown is complete, before this task ends.
+                    doorbell.close()
+                return message
+
+            await inner(scope, receive_until_shutdown, send)
 
     return lifespan
 

@@ -129,6 +129,7 @@ class _Ringer:
         self.waiting = False
         self.tasks: set[asyncio.Task] = set()
         self.sent = 0  # rings handed to the layer (tests, bench)
+        self.close: Callable[[], None] = lambda: None
 
     def ring(self) -> None:
         with self.lock:
@@ -279,14 +280,19 @@ async def embedded_doorbell(path: Path | None = None):
             logger.warning("embedded doorbell read failed", exc_info=True)
         ringer.ring()
 
+    def close() -> None:
+        if sock.fileno() != -1:
+            loop.remove_reader(sock.fileno())
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    ringer.close = close  # the server closes it when told to stop: it may not get back here
     loop.add_reader(sock.fileno(), readable)
     try:
         yield ringer
     finally:
-        loop.remove_reader(sock.fileno())
-        sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        close()
 
 
 def register(stream: Stream) -> None:
