@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -66,11 +67,40 @@ async def http_or_mcp(scope, receive, send) -> None:
     await app(scope, receive, send)
 
 
-application = ProtocolTypeRouter(
+def doorbell_lifespan(inner):
+    """With the in-memory channel layer (embedded mode), the server hears the commits of other
+    processes (the worker) on a datagram socket for as long as it runs (console.live)."""
+    async def lifespan(scope, receive, send) -> None:
+        if not settings.CHANNEL_LAYER_URL.startswith("memory://"):
+            await inner(scope, receive, send)
+            return
+        async with live.embedded_doorbell() as doorbell:
+            async def receive_until_shutdown():
+                message = await receive()
+                if message["type"] == "lifespan.shutdown" and doorbell is not None:
+                    # uvicorn stops its loop once shutdown is complete, before this task ends.
+                    doorbell.close()
+                return message
+
+            await inner(scope, receive_until_shutdown, send)
+
+    return lifespan
+
+
+router = ProtocolTypeRouter(
     {
         "http": http_or_mcp,
-        # Flushes spans at shutdown and runs the MCP sessions; run uvicorn with --lifespan on.
-        "lifespan": mcp_server.lifespan(asgi_lifespan),
+        # Flushes spans at shutdown, runs the MCP sessions and the embedded doorbell; run uvicorn
+        # with --lifespan on.
+        "lifespan": doorbell_lifespan(mcp_server.lifespan(asgi_lifespan)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+
+async def application(scope, receive, send) -> None:
+    # The loop the doorbell is rung on, from the request threads' commits (console.live._ring).
+    loop = asyncio.get_running_loop()
+    if live.SERVER_LOOP is not loop:
+        live.serve_on(loop)
+    await router(scope, receive, send)

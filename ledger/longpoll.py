@@ -25,9 +25,11 @@ from ledger.selectors import call_operation_statuses
 # A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
 # it looks again after this long: a ring can be lost (channels-redis drops over capacity).
 FALLBACK_POLL_SECONDS = 2.0
-# With an in-memory layer the doorbell watches the event table's tail instead: one query per
-# this interval per event loop, however many polls wait.
-TAIL_POLL_SECONDS = 0.02
+# With an in-memory layer the doorbell also watches the event table's tail, one query per this
+# interval per event loop however many polls wait: a commit of another process rings this one by
+# a datagram (embedded mode, console.live.embedded_doorbell), which can be lost, or not sent at
+# all when no server listens on the socket.
+TAIL_POLL_SECONDS = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -154,24 +156,37 @@ class Doorbell:
 
     async def _subscribe(self) -> None:
         layer = get_channel_layer()
-        if layer is None or isinstance(layer, InMemoryChannelLayer):
-            # No ring reaches this process from another one (embedded mode's worker commits
-            # where the web server cannot hear it): the tail of the event table rings instead.
+        if layer is None:
+            return
+        tail, last = isinstance(layer, InMemoryChannelLayer), None
+        if tail:
+            # Rings reach this layer from this process's commits and, in embedded mode, from the
+            # worker's by datagram; the tail of the event table covers a ring that never came.
             # Its first place is read before any poll reads its call, so no commit falls between.
             try:
                 last = await db_hop(latest_event_id)()
             except Exception:  # noqa: BLE001 - the fallback poll still answers
                 logger.warning("long-poll event tail unreadable", exc_info=True)
                 last = None
-            self.listener = asyncio.create_task(self._watch_tail(last))
-            return
         try:
             channel = await layer.new_channel()
             await layer.group_add(DOORBELL_GROUP, channel)
         except Exception:  # noqa: BLE001 - the fallback poll still answers
             logger.warning("long-poll doorbell unavailable", exc_info=True)
+            if tail:
+                self.listener = asyncio.create_task(self._watch_tail(last))
             return
-        self.listener = asyncio.create_task(self._listen(layer, channel))
+        self.listener = asyncio.create_task(
+            self._listen_watching_tail(layer, channel, last) if tail else self._listen(layer, channel))
+
+    async def _listen_watching_tail(self, layer, channel: str, last: int | None) -> None:
+        tail = asyncio.create_task(self._watch_tail(last))
+        try:
+            await self._listen(layer, channel)
+        finally:
+            tail.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await tail
 
     async def _listen(self, layer, channel: str) -> None:
         try:

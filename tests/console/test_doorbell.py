@@ -1,45 +1,267 @@
-"""The live doorbell: one ring per committed transaction that wrote events, none before commit."""
+"""The live doorbell: one ring per committed transaction that wrote events, none before commit,
+sent without the committing thread waiting for it, on a loop that keeps the layer's connections;
+in embedded mode a commit of another process rings the server by a datagram."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
 import pytest
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from console import live
 from console.lib.transitions import record_event
 from console.models import Event
+from tests import asgi as test_asgi
 
 pytestmark = pytest.mark.django_db
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 30  # an upper bound on a wait for a condition, never a measure
 
 
-def test_a_transaction_with_two_events_rings_once_after_commit(monkeypatch, tenant,
-                                                               django_capture_on_commit_callbacks):
-    monkeypatch.setattr(live, "SERVING", True)
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {TIMEOUT} s for {what}"
+        time.sleep(0.01)
+
+
+def commit_an_event(tenant, entity_id: str = "t") -> None:
+    with transaction.atomic():
+        record_event(entity="task", entity_id=entity_id, tenant_id=tenant.id, kind=Event.Kind.CREATED,
+                     to_status="queued", actor="a")
+
+
+class HeldLayer:
+    """A channel layer whose group_send blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.sent: list[tuple[str, dict, bool, asyncio.AbstractEventLoop]] = []
+
+    async def group_send(self, group: str, message: dict) -> None:
+        released = await asyncio.get_running_loop().run_in_executor(None, self.release.wait, TIMEOUT)
+        self.sent.append((group, message, released, asyncio.get_running_loop()))
+
+
+@pytest.fixture
+def held_layer(monkeypatch, settings):
+    settings.CHANNEL_LAYER_URL = "redis://127.0.0.1:1/0"  # not sent anywhere: the held layer takes it
+    layer = HeldLayer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    yield layer
+    layer.release.set()
+
+
+def test_a_transaction_with_two_events_rings_once_after_commit(tenant, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks() as callbacks, transaction.atomic():
         for n in range(2):
             record_event(entity="task", entity_id=f"t{n}", tenant_id=tenant.id, kind=Event.Kind.CREATED,
-                             to_status="queued", actor="a")
+                         to_status="queued", actor="a")
     assert [cb for cb in callbacks if cb is live._ring] == [live._ring]
 
 
-def test_the_ring_reaches_a_socket_in_the_group():
+@pytest.mark.django_db(transaction=True)
+def test_the_committing_thread_does_not_wait_for_the_ring(held_layer, tenant):
+    commit_an_event(tenant)
+    # Had the commit waited for the ring, it would have returned only when the held send gave up.
+    assert held_layer.sent == []
+    held_layer.release.set()
+    wait_for(lambda: held_layer.sent, "the ring")
+    assert [(group, message, released) for group, message, released, _ in held_layer.sent] == [
+        (live.DOORBELL_GROUP, {"type": "events.committed"}, True)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_the_server_the_ring_is_sent_on_the_servers_loop(held_layer, tenant):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        wait_for(loop.is_running, "the loop")
+        live.serve_on(loop)
+        commit_an_event(tenant)
+        held_layer.release.set()
+        wait_for(lambda: held_layer.sent, "the ring")
+        assert held_layer.sent[0][3] is loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def test_rings_asked_for_while_one_waits_are_sent_as_one(held_layer):
+    live._ring()  # held: its send has started
+    ringer = live._own_loop_ringer()
+    wait_for(lambda: not ringer.waiting, "the first send to start")
+    for _ in range(5):
+        live._ring()
+    held_layer.release.set()
+    ringer.drain(TIMEOUT)
+    ringer.drain(TIMEOUT)  # the second one was asked for from the loop's own queue
+    assert len(held_layer.sent) == 2
+
+
+def redis_layer(settings):
+    if not settings.CHANNEL_LAYER_URL.startswith("redis"):
+        pytest.skip("a Redis channel layer (CHANNEL_LAYER_URL=redis://...)")
+    return get_channel_layer()
+
+
+def test_rings_outside_the_server_share_one_redis_connection(settings, monkeypatch):
+    from redis.asyncio.connection import AbstractConnection
+
+    layer = redis_layer(settings)
+    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    opened: list[str] = []
+    connect = AbstractConnection.connect
+
+    async def counting_connect(self, *args, **kwargs):
+        if not self.is_connected:  # a new connection
+            opened.append(threading.current_thread().name)
+        return await connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "connect", counting_connect)
+    # The test listens on one loop of its own, in this thread: the connections it opens are told
+    # apart from the rings' by the thread.
+    loop = asyncio.new_event_loop()
+    channel = loop.run_until_complete(layer.new_channel())
+    loop.run_until_complete(layer.group_add(live.DOORBELL_GROUP, channel))
+    try:
+        for _ in range(5):
+            live._ring()
+            assert loop.run_until_complete(asyncio.wait_for(layer.receive(channel), TIMEOUT)) == {"type": "events.committed"}
+    finally:
+        loop.run_until_complete(layer.group_discard(live.DOORBELL_GROUP, channel))
+        loop.close()
+    ringing = [name for name in opened if name != threading.current_thread().name]
+    assert len(ringing) <= 1  # none when an earlier test's ring opened it
+
+
+def test_a_forked_child_rings_on_a_loop_of_its_own(settings, monkeypatch):
+    layer = redis_layer(settings)
+    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(live.DOORBELL_GROUP, channel)
+    try:
+        live._ring()  # the parent's loop thread exists now
+        async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT)
+        parent = live._own_loop_ringer()
+        pid = os.fork()
+        if pid == 0:  # the child: ring, wait for the send, say whether the loop was its own
+            code = 1
+            try:
+                live._ring()
+                ringer = live._own_loop_ringer()
+                ringer.drain(TIMEOUT)
+                code = 0 if ringer is not parent and ringer.sent == 1 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The child's ring reached the group.
+        assert async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT) == {"type": "events.committed"}
+    finally:
+        async_to_sync(layer.group_discard)(live.DOORBELL_GROUP, channel)
+
+
+def test_the_ring_reaches_a_socket_in_the_group(monkeypatch):
+    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    monkeypatch.setattr(live, "SERVING", True)  # an in-memory layer is rung only in the server
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(live.DOORBELL_GROUP, channel)
     try:
         live._ring()
-        assert async_to_sync(layer.receive)(channel) == {"type": "events.committed"}
+        assert async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT) == {"type": "events.committed"}
     finally:
         async_to_sync(layer.group_discard)(live.DOORBELL_GROUP, channel)
 
 
-def test_outside_the_server_an_in_process_layer_is_not_rung(monkeypatch, settings, tenant,
-                                                            django_capture_on_commit_callbacks):
-    monkeypatch.setattr(live, "SERVING", False)
+# ------------------------------------------------------------------------------ embedded mode
+
+@pytest.fixture
+def embedded(settings, monkeypatch, tmp_path_factory):
+    # A short directory: a UNIX socket's path is limited to about 100 bytes.
+    var = Path(tmp_path_factory.mktemp("bell"))
+    settings.VAR_DIR = var
     settings.CHANNEL_LAYER_URL = "memory://"
-    with django_capture_on_commit_callbacks() as callbacks, transaction.atomic():
-        record_event(entity="task", entity_id="t", tenant_id=tenant.id, kind=Event.Kind.CREATED, to_status="queued",
-                     actor="a")
-    assert live._ring not in callbacks
+    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    monkeypatch.setattr(live, "SERVING", False)
+    return var
+
+
+def test_outside_the_server_a_commit_rings_the_embedded_server_by_datagram(embedded, monkeypatch):
+    layer = InMemoryChannelLayer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+
+    async def hear_one() -> dict:
+        async with live.embedded_doorbell():
+            assert live.embedded_doorbell_path().exists()
+            channel = await layer.new_channel()
+            await layer.group_add(live.DOORBELL_GROUP, channel)
+            # A commit's ring, from a thread of no server (the loop here stands for the server's).
+            await asyncio.get_running_loop().run_in_executor(None, live._ring)
+            return await layer.receive(channel)
+
+    assert asyncio.run(asyncio.wait_for(hear_one(), TIMEOUT)) == {"type": "events.committed"}
+    assert not live.embedded_doorbell_path().exists()  # removed when the server stops
+
+
+def test_with_no_server_listening_the_ring_is_dropped_quietly(embedded, caplog):
+    live._ring()
+    path = live.embedded_doorbell_path()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stale:  # a server that died
+        stale.bind(str(path))
+    live._ring()
+    assert "doorbell" not in caplog.text
+
+
+CHILD_COMMIT = """
+import django, os
+django.setup()
+from django.db import transaction
+from console.lib.transitions import record_event
+from console.models import Event
+with transaction.atomic():
+    record_event(entity="task", entity_id="from-the-worker", tenant_id=int(os.environ["TENANT"]),
+                 kind=Event.Kind.CREATED, to_status="queued", actor="worker")
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_in_another_process_wakes_the_servers_long_polls_without_the_tail_poll(
+        embedded, settings, monkeypatch, tenant):
+    from ledger import longpoll
+
+    # Far beyond the wait below: only a ring can wake the doorbell in time.
+    monkeypatch.setattr(longpoll, "TAIL_POLL_SECONDS", 600)
+    layer = InMemoryChannelLayer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(longpoll, "get_channel_layer", lambda: layer)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DATABASE_URL": test_asgi.test_database_url(),
+           "COUNTERSIGN_VAR_DIR": str(embedded), "PORT": str(settings.PORT), "CHANNEL_LAYER_URL": "memory://",
+           "TENANT": str(tenant.id)}
+
+    async def serve() -> int:
+        async with live.embedded_doorbell():
+            bell = longpoll.Doorbell.for_loop()
+            async with bell.waiting():
+                before = bell.rings
+                child = await asyncio.create_subprocess_exec(sys.executable, "-c", CHILD_COMMIT, cwd=REPO, env=env)
+                assert await child.wait() == 0
+                while bell.rings == before:
+                    await asyncio.sleep(0.01)
+                return bell.rings - before
+
+    assert asyncio.run(asyncio.wait_for(serve(), TIMEOUT)) >= 1
+    assert Event.objects.filter(entity_id="from-the-worker").exists()
