@@ -129,7 +129,7 @@ def inbox_ids(scope: ReviewerScope, filters: InboxFilterSet) -> QuerySet:
     """The inbox's order as bare IDs, for paging: OFFSET then skips index entries only, not
     joined and annotated rows (a deep page over 10,000 pending requests stays cheap)."""
     now = timezone.now()
-    return filters.apply(pending_in_scope(scope, now=now), now=now).order_by(
+    return filters.apply(pending_in_scope(scope, now=now), now=now, pending=True).order_by(
         *INBOX_ORDER).values_list("approval_id", flat=True)
 
 
