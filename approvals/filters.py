@@ -6,10 +6,12 @@ the inbox's live stream inserts (console/lib/filtersets.py).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django_filters import CharFilter, ChoiceFilter, TypedChoiceFilter
@@ -25,6 +27,16 @@ AGE_WINDOWS: dict[str, tuple[timedelta | None, timedelta | None]] = {
     "24h": (timedelta(hours=24), None),
     "older": (None, timedelta(hours=24)),
 }
+
+# The four IDs the search matches, each as `icontains` (the operation's and the task's are the
+# request's own foreign-key columns: no join).
+SEARCH_COLUMNS = ("call_id", "operation__operation_id", "task__task_id", "approval_id")
+
+# A query that may be an ID, whole or in part: no spaces, and long enough to be rare. The IDs the
+# console issues are longer (`apr_`, `tsk_` + 26 characters, `op_` + 32), and so are the call IDs
+# models invent (`call_…`, `toolu_…`); a shorter query tends to match many requests, which the
+# inbox's own order finds sooner than an index of trigrams would.
+ID_LIKE = re.compile(r"\S{10,}")
 
 AGE_LABELS = {
     "15m": "Under 15 minutes",
@@ -79,18 +91,28 @@ class InboxFilterSet(LiveFilterSet):
         agent_choices = self.filters["requested_by"].extra
         agent_choices["choices"] = [("", "Any agent"), *agent_choices["choices"]]
         self.now: datetime | None = None
+        self.pending = False
 
-    def apply(self, queryset: QuerySet, *, now: datetime | None = None) -> QuerySet:
-        """`queryset` narrowed by the valid filters; `age` counts back from `now`."""
+    def apply(self, queryset: QuerySet, *, now: datetime | None = None, pending: bool = False) -> QuerySet:
+        """`queryset` narrowed by the valid filters; `age` counts back from `now`. `pending`: the
+        queryset holds pending requests only, which the search's trigram index covers."""
         self.now = now or timezone.now()
+        self.pending = pending
         return super().apply(queryset)
 
     def search(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
         q = value.strip()
-        return queryset.filter(
-            Q(call_id__icontains=q) | Q(operation__operation_id__icontains=q) | Q(task__task_id__icontains=q)
-            | Q(approval_id__icontains=q)
-        )
+        if getattr(self, "pending", False) and ID_LIKE.fullmatch(q) and connections[queryset.db].vendor == "postgresql":
+            # The same matches as below, one column at a time: PostgreSQL reads each column's
+            # matches from the trigram index (approval_search_trgm_idx), where the four ORed
+            # together are priced above reading every pending request and so are never looked
+            # up in it (the more trigrams an ID has, the higher each lookup is priced).
+            arms = [queryset.filter(**{f"{column}__icontains": q}).order_by().values("pk") for column in SEARCH_COLUMNS]
+            return queryset.filter(pk__in=arms[0].union(*arms[1:]))
+        matches = Q()
+        for column in SEARCH_COLUMNS:
+            matches |= Q(**{f"{column}__icontains": q})
+        return queryset.filter(matches)
 
     def created_within(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
         now = self.now or timezone.now()

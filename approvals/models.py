@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models.functions import Upper
 from django.utils import timezone
 
 from console.models import Event, RiskTier
@@ -267,6 +269,13 @@ class ApprovalRequest(models.Model):
                 for column, short in (("tool", "tool"), ("risk_tier", "tier"), ("task_type", "type"),
                                       ("requested_by", "agent"))
             ],
+            # The inbox's search by ID (approvals.filters) is `icontains` over these four
+            # columns, UPPER(col) LIKE UPPER('%q%') on PostgreSQL: a trigram index over the same
+            # expressions finds the few matches without reading every pending request.
+            # PostgreSQL only (pg_trgm): migration 0019 creates it there and nothing on SQLite.
+            GinIndex(*[OpClass(Upper(column), name="gin_trgm_ops")
+                       for column in ("approval_id", "call_id", "operation_id", "task_id")],
+                     condition=models.Q(status="pending"), name="approval_search_trgm_idx"),
         ]
 
     def __str__(self) -> str:

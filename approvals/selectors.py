@@ -37,6 +37,7 @@ from approvals.models import (
     Tool,
 )
 from approvals.stops import active_stop
+from console.access import remember_roles, roles_from
 from console.lib.reveal import as_json
 from console.models import AgentPrincipal, Membership, Role
 
@@ -65,13 +66,18 @@ class ReviewerScope:
 
 
 def reviewer_scope(user: AbstractBaseUser) -> ReviewerScope:
-    """One query: the user's viewer memberships with their tiers."""
+    """One query: the user's memberships, of which the viewer ones with their tiers make the
+    scope; all of them are the roles the layout shows (console.access.remember_roles), so the
+    page does not read them twice."""
     scope = ReviewerScope()
     if not user.is_authenticated or not user.is_active:
         return scope
-    rows = Membership.objects.filter(user=user, role__in=VIEWER_ROLES).values_list(
-        "tenant_id", "role", "max_tier", "tenant__slug", "tenant__name")
+    rows = list(Membership.objects.filter(user=user).values_list(
+        "tenant_id", "role", "max_tier", "tenant__slug", "tenant__name"))
+    remember_roles(user, roles_from(user, (role for _, role, _, _, _ in rows)))
     for tenant_id, role, max_tier, slug, name in rows:
+        if role not in VIEWER_ROLES:
+            continue
         scope.tenant_ids.add(tenant_id)
         scope.tenants[tenant_id] = (slug, name)
         current = scope.max_tier.get(tenant_id)
@@ -129,7 +135,7 @@ def inbox_ids(scope: ReviewerScope, filters: InboxFilterSet) -> QuerySet:
     """The inbox's order as bare IDs, for paging: OFFSET then skips index entries only, not
     joined and annotated rows (a deep page over 10,000 pending requests stays cheap)."""
     now = timezone.now()
-    return filters.apply(pending_in_scope(scope, now=now), now=now).order_by(
+    return filters.apply(pending_in_scope(scope, now=now), now=now, pending=True).order_by(
         *INBOX_ORDER).values_list("approval_id", flat=True)
 
 

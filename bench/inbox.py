@@ -564,8 +564,10 @@ def compare(args) -> None:
     children = {}
     for label, tree in trees.items():
         command = [sys.executable, str(Path(__file__).resolve()), "--no-live", "--database", args.database, "--serve"]
+        # In the tree's own directory: Celery's Django fix-up puts the working directory first on
+        # sys.path, so a child started elsewhere would import that directory's apps.
         children[label] = subprocess.Popen(command, env={**os.environ, "INBOX_BENCH_CODE": str(tree)}, text=True,
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tree)
     names = {label: json.loads(child.stdout.readline()) for label, child in children.items()}
     assert names["before"] == names["after"], names
     per_run: dict[str, dict[str, list[tuple[float, float]]]] = {label: {} for label in trees}

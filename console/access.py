@@ -31,7 +31,30 @@ def reviewer_max_tier(user: AbstractBaseUser, tenant_id: int) -> int | None:
 def roles_of(user: AbstractBaseUser) -> set[str]:
     if not user.is_authenticated:
         return set()
-    roles = set(Membership.objects.filter(user=user).values_list("role", flat=True))
+    return roles_from(user, Membership.objects.filter(user=user).values_list("role", flat=True))
+
+
+def roles_from(user: AbstractBaseUser, membership_roles) -> set[str]:
+    """The user's roles given the roles of all their memberships (a superuser is an admin)."""
+    roles = set(membership_roles)
     if user.is_superuser:
         roles.add(Role.ADMIN)
     return roles
+
+
+# The layout shows the user's roles and the navigation they allow on every page. A page that has
+# already read all of the user's memberships (approvals.selectors.reviewer_scope) leaves the
+# roles on the request's user object, as Django's auth backend keeps its permission cache there,
+# and the layout does not read them a second time.
+_REMEMBERED_ROLES = "_countersign_roles"
+
+
+def remember_roles(user: AbstractBaseUser, roles: set[str]) -> None:
+    setattr(user, _REMEMBERED_ROLES, frozenset(roles))
+
+
+def layout_roles(user: AbstractBaseUser) -> set[str]:
+    """The roles for the layout: those remembered during this request, else read now. Never for
+    a permission check, which reads them itself."""
+    remembered = getattr(user, _REMEMBERED_ROLES, None)
+    return set(remembered) if remembered is not None else roles_of(user)

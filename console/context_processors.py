@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from django.urls import NoReverseMatch, reverse
 
-from console.access import roles_of
+from console.access import layout_roles
 from console.models import Role
 
 # (key, label, URL name, roles that see it; empty: anyone with a role)
@@ -24,7 +24,7 @@ def navigation(request) -> dict:
     user = getattr(request, "user", None)
     if not isinstance(user, AbstractBaseUser) or not user.is_authenticated:
         return {"nav_items": []}
-    roles = roles_of(user)
+    roles = layout_roles(user)
     items = []
     for key, label, url_name, allowed in NAVIGATION:
         if not roles or (allowed and not roles & allowed):

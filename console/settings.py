@@ -82,6 +82,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # For OpClass in an index (the inbox's trigram index, approvals.models): it registers the
+    # operator class as an index expression's wrapper. Harmless on SQLite.
+    "django.contrib.postgres",
     "channels",
     "rest_framework",
     "drf_spectacular",
