@@ -44,4 +44,6 @@ app = make_app(FOLDER)
 
 @app.task(name="fs_broker_test.touch")
 def touch(name: str) -> None:
-    (FOLDER / "done" / name).write_text(str(os.getpid()))
+    # Renamed into place: the test reads it as soon as it exists.
+    (FOLDER / f"{name}.tmp").write_text(str(os.getpid()))
+    os.replace(FOLDER / f"{name}.tmp", FOLDER / "done" / name)

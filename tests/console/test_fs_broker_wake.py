@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -38,10 +39,11 @@ def waiting_on_bells(pid: int, tid: int | None = None) -> bool:
 class Worker:
     def __init__(self, folder: Path, queue: str) -> None:
         self.queue = queue
+        self.node = f"{queue}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
         self.log = open(folder / f"worker-{queue}.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.console.fs_broker_worker", "worker", "-Q", queue,
-             "-c", "1", "-l", "warning", "--without-mingle", "--without-gossip", "-n", f"{queue}-{uuid.uuid4().hex[:6]}@%h"],
+             "-c", "1", "-l", "warning", "--without-mingle", "--without-gossip", "-n", self.node],
             cwd=PROJECT_ROOT, env={**os.environ, "FS_BROKER_TEST_FOLDER": str(folder)},
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -112,3 +114,12 @@ def test_a_worker_with_its_prefetch_full_takes_the_next_task_when_it_acks(broker
     workers["alpha"].wait_idle()
     names = [publish(publisher, "alpha") for _ in range(3)]
     assert {ran_by(folder, name) for name in names} == {workers["alpha"].proc.pid}
+
+
+def test_a_broadcast_wakes_the_worker_and_its_reply_wakes_the_caller(broker):
+    # Remote control goes through the control folder's fanout table to the worker's own
+    # pidbox queue, and the reply to a queue this process consumes, with the same fallback.
+    _folder, workers, publisher = broker
+    workers["beta"].wait_idle()
+    replies = publisher.control.ping(destination=[workers["beta"].node], timeout=PICKUP_TIMEOUT, limit=1)
+    assert [list(reply) for reply in replies] == [[workers["beta"].node]]
