@@ -362,7 +362,7 @@ def report_floor(mode: str, floor: dict[str, list[float]]) -> None:
     hop = pct(floor.get("redis hop", []), 50) if "redis hop" in floor else 0.0
     least = 3 * pct(floor["commit"], 50) + 2 * pct(floor["/healthz"], 50) + 2 * hop
     print(f"  {'overhead floor':<22} p50 {least:8.1f} ms  (3 commits + 2 × /healthz"
-          + (" + 2 Redis hops)" if hop else "; the file broker's 20 ms poll not counted)"))
+          + (" + 2 Redis hops)" if hop else "; the file broker's wake not counted)"))
 
 
 def main() -> None:

@@ -285,9 +285,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(_broker_dir / "processed"),
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
-        # Kombu's default (1 s) lets a worker take one message a second from the folder; every
-        # dispatch waits half an interval on average. 20 ms costs an idle worker about 0.5 % of a
-        # core in directory listings (docs/benchmarks.md).
+        # Consumers are woken by a datagram (console/lib/fs_broker.py) and poll only while their
+        # prefetch is full or they could not bind a socket: kombu's default (1 s) would then let
+        # a worker take one message a second from the folder.
         "polling_interval": env.float("CELERY_FS_POLLING_INTERVAL", 0.02, validate=Range(min=0.005)),
     }
     for _folder in ("queue", "processed", "control"):

@@ -1,18 +1,25 @@
-"""The embedded broker publishes atomically: a consumer never reads half a message."""
+"""The embedded broker publishes atomically (a consumer never reads half a message) and rings
+its consumers without losing a message when nobody listens. Real workers woken by it:
+tests/console/test_fs_broker_wake.py."""
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import uuid
+from pathlib import Path
 
 from kombu import Connection
 
-from console.lib.fs_broker import Transport
+from console.lib.fs_broker import WAKE_FOLDER, Transport, bell_folder
+from console.lib.procs import wait_until
+from tests.console.test_fs_broker_wake import waiting_on_bells
 
 
-def connection(folder) -> Connection:
+def connection(folder, **options) -> Connection:
     return Connection(transport=Transport, transport_options={
-        "data_folder_in": str(folder), "data_folder_out": str(folder), "control_folder": str(folder)})
+        "data_folder_in": str(folder), "data_folder_out": str(folder), "control_folder": str(folder), **options})
 
 
 def test_a_published_message_is_consumed_whole_and_once(tmp_path):
@@ -44,3 +51,73 @@ def test_the_celery_app_uses_it_for_filesystem_urls():
     import console.celery  # noqa: F401 - registers the alias
 
     assert resolve_transport("filesystem") is Transport
+
+
+def test_a_message_published_with_nobody_listening_waits_for_the_next_consumer(tmp_path):
+    name = f"q{uuid.uuid4().hex}"
+    with connection(tmp_path) as conn:
+        conn.SimpleQueue(name).put({"n": 1})  # no bell bound yet: nothing to ring, nothing raised
+    assert not (tmp_path / WAKE_FOLDER).exists()
+    with connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(name)
+        assert queue.get(timeout=5).payload == {"n": 1}
+        queue.close()
+
+
+def bell_of_another_consumer(folder: Path, queue: str) -> tuple[Path, socket.socket]:
+    path = Path(bell_folder(str(folder), queue)) / "1-other"
+    path.parent.mkdir(parents=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    return path, sock
+
+
+def test_a_stale_socket_left_by_a_killed_consumer_is_removed_and_loses_nothing(tmp_path):
+    name = f"q{uuid.uuid4().hex}"
+    path, dead = bell_of_another_consumer(tmp_path, name)
+    dead.close()  # as a SIGKILL leaves it: the file stays, nobody is bound
+    with connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(name)
+        queue.put({"n": 1})
+        assert not path.exists()
+        assert queue.get(timeout=5).payload == {"n": 1}
+        queue.close()
+
+
+def test_a_publisher_never_blocks_on_a_consumer_that_stopped_reading(tmp_path):
+    name = f"q{uuid.uuid4().hex}"
+    _path, busy = bell_of_another_consumer(tmp_path, name)
+    with busy:
+        with connection(tmp_path) as conn:
+            queue = conn.SimpleQueue(name)
+            # More datagrams than a socket's queue holds (net.unix.max_dgram_qlen, 10 or 512).
+            for n in range(600):
+                queue.put({"n": n})
+            assert len([entry for entry in os.listdir(tmp_path) if entry.endswith(f".{name}.msg")]) == 600
+            queue.close()
+
+
+def test_a_forked_child_closing_its_copy_of_the_consumer_keeps_the_parents_bell(tmp_path):
+    # A prefork pool's children inherit the consumer's sockets; they never consume, and
+    # whatever they close, the parent's bell stays bound and in place.
+    name = f"q{uuid.uuid4().hex}"
+    with connection(tmp_path, fallback_interval=60) as conn:
+        queue = conn.SimpleQueue(name)
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(queue.get(timeout=30).payload))
+        waiter.start()
+        wait_until(lambda: waiting_on_bells(os.getpid(), waiter.native_id), timeout=30, what="the consumer to wait")
+        bell = queue.consumer.channel.bells[name]
+        child = os.fork()
+        if child == 0:
+            try:
+                queue.consumer.channel.close()
+            finally:
+                os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0
+        assert os.path.exists(bell.path)
+        with connection(tmp_path) as publisher:
+            publisher.SimpleQueue(name).put({"n": 1})
+        waiter.join(timeout=40)
+        assert got == [{"n": 1}]
+        queue.close()
