@@ -14,7 +14,8 @@ each, one task), `--rounds` times, interleaved:
 
 Printed: `time.process_time` per proposal (CPU, which leaves out the waits for the database and
 for a core, so it holds on a loaded machine better than latency), the median of the rounds, and
-the load. `--profile` runs one more block of the target under pyinstrument (from PyPI) and prints
+the load; then the function calls per proposal (Python and built-in, counted with
+`sys.setprofile` in this thread), which do not depend on the load at all. `--profile` runs one more block of the target under pyinstrument (from PyPI) and prints
 its tree. Nothing is asserted.
 """
 
@@ -91,6 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in cpu.items():
         print(f"{name:8} CPU ms/proposal: median {statistics.median(values):.3f}  "
               f"({', '.join(f'{v:.3f}' for v in values)})")
+
+    # Function calls per proposal (Python and built-in, this thread): the same on a loaded
+    # machine as on a quiet one, so a before/after pair holds whatever the neighbours do.
+    for name, target in targets.items():
+        counted = [0]
+
+        def count(frame, event, arg, counted=counted) -> None:
+            if event in ("call", "c_call"):
+                counted[0] += 1
+
+        sys.setprofile(count)
+        for _ in range(200):
+            target()
+        sys.setprofile(None)
+        print(f"{name:8} function calls/proposal: {counted[0] / 200:.0f}")
 
     if args.profile:
         from pyinstrument import Profiler
