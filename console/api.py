@@ -30,10 +30,11 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import authentication, exceptions, parsers, serializers, status
 from rest_framework.response import Response
 
-from console.lib import jsonlimits
+from console import queries
+from console.lib import jsonlimits, sql
 from console.lib.canonical import canonical_json
 from console.lib.errors import DomainError, RateLimited
-from console.models import AgentPrincipal, hash_token
+from console.models import AgentPrincipal, Tenant, hash_token
 
 # --- the error shape -------------------------------------------------------------------------
 
@@ -90,11 +91,14 @@ def principal_for_authorization(header: str) -> AgentPrincipal | None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
-    return (
-        AgentPrincipal.objects.select_related("tenant")
-        .filter(token_hash=hash_token(token.strip()), is_active=True)
-        .first()
-    )
+    # Written by hand (console.queries): the ORM would compile this query anew on every request.
+    connection = sql.connection_for(AgentPrincipal)
+    row = sql.fetchone(connection, queries.PRINCIPAL_SQL, [hash_token(token.strip())])
+    if row is None:
+        return None
+    principal = sql.load(AgentPrincipal, row, connection=connection)
+    sql.attach(principal, "tenant", sql.load(Tenant, row, sql.width(AgentPrincipal), connection=connection))
+    return principal
 
 
 class AgentTokenAuthentication(authentication.BaseAuthentication):

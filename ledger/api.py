@@ -38,9 +38,9 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from ledger.answers import DecisionSerializer, OperationOutputSerializer
+from ledger.answers import DecisionSerializer, OperationOutputSerializer, decision_body
 from ledger.longpoll import Doorbell, db_hop
-from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, call_dry_run, call_propose
+from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, Proposal, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
     FINAL_STATUSES,
@@ -212,10 +212,29 @@ class CallProposeApi(APIView):
             tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],
             fencing_token=data["fencing_token"],
         )
-        return Response(
-            self.OutputSerializer(proposal, context={"request": request}).data,
-            status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK,
-        )
+        return Response(proposal_body(proposal, request),
+                        status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK)
+
+
+def proposal_body(proposal: Proposal, request) -> dict[str, Any]:
+    """CallProposeApi.OutputSerializer's representation of a proposal, built directly: the
+    serializer deep-copies its fields and the nested decision's for every answer, on the request
+    an agent waits on. tests/ledger/test_api_call_propose_body.py holds the two equal."""
+    outcome = proposal.outcome
+    return {
+        "call_id": proposal.call_id,
+        "operation_id": proposal.operation_id,
+        "decision": decision_body(outcome, request),
+        "final": outcome.final,
+        "status": proposal.status,
+        "approval_id": proposal.approval_id,
+        "reasons": [str(reason) for reason in proposal.reasons],
+        "risk_tier": proposal.risk_tier,
+        "approvals_needed": proposal.approvals_needed,
+        "task_id": proposal.task_id,
+        "task_version": proposal.task_version,
+        "result": proposal.result,
+    }
 
 
 class OperationGetApi(APIView):

@@ -12,6 +12,9 @@ tests/console/test_django_private.py fails, naming what moved, when an upgrade c
   call, while the ORM's own queries keep client-side binding. Still wrapped by Django
   (execute wrappers, query logging, error translation). The gain is measured in
   docs/benchmarks.md ("Prepared statements on PostgreSQL").
+- psycopg's `PostgresQuery` (`convert`, `dump`, the attributes `convert` sets) and
+  `_queries._query2pg_nocache`: that cursor keeps the split of a statement's text into its
+  parameters for statements longer than psycopg keeps it for (the proposal's writing statement).
 - `Field.get_col`, `BaseDatabaseOperations.get_db_converters` and `Col.get_db_converters`: the
   converters the ORM's compiler applies to a column, so a row read by hand loads exactly as the
   ORM loads it.
@@ -25,6 +28,7 @@ tests/console/test_django_private.py fails, naming what moved, when an upgrade c
 
 from __future__ import annotations
 
+from functools import cache, lru_cache
 from typing import Any
 
 from django.db import models
@@ -43,11 +47,43 @@ def queries_logged(connection) -> bool:
 def server_binding_cursor(connection):
     """A Django cursor wrapper (execute wrappers, query logging, error translation) around a
     psycopg cursor that binds parameters on the server, which psycopg prepares once a statement
-    has run `prepare_threshold` times. PostgreSQL with psycopg 3 only; the connection is open."""
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
+    has run `prepare_threshold` times, and that keeps every statement's split into parameters
+    (`_kept_split`). PostgreSQL with psycopg 3 only; the connection is open."""
     with connection.wrap_database_errors:
-        return connection._prepare_cursor(ServerBindingCursor(connection.connection))
+        return connection._prepare_cursor(_hot_path_cursor_class()(connection.connection))
+
+
+@cache
+def _hot_path_cursor_class():
+    from django.db.backends.postgresql.base import ServerBindingCursor
+    from psycopg import _queries
+
+    class KeptSplitQuery(_queries.PostgresQuery):
+        __slots__ = ()
+
+        def convert(self, query, vars) -> None:
+            if vars is None or type(query) is not str:
+                super().convert(query, vars)
+                return
+            self.query, self._want_formats, self._order, self._parts = _kept_split(query, self._tx.encoding)
+            self.dump(vars)
+
+    class HotPathCursor(ServerBindingCursor):
+        _query_cls = KeptSplitQuery
+
+    return HotPathCursor
+
+
+@lru_cache(maxsize=1024)
+def _kept_split(query: str, encoding: str):
+    """psycopg's split of a statement's text into its parameters (`%s` → `$n`), kept. psycopg
+    keeps it itself only for statements of at most 50 parameters and 4 KB (ORMs make long
+    statements of varying shapes); the hot path's statements are built once per shape
+    (`console.lib.sql`), so their texts are few, and the proposal's writing statement has more
+    than 50 parameters. The split is read only, as psycopg's own kept one is."""
+    from psycopg import _queries
+
+    return _queries._query2pg_nocache(query.encode(encoding), encoding)
 
 
 def db_converters(model: type[models.Model], field: models.Field, connection) -> tuple[tuple, Any]:

@@ -274,3 +274,14 @@ def test_the_toolkit_imports_no_app():
                 for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not {name for name in imported if name.split(".")[0] in ("runs", "approvals", "ledger")}
+
+
+def test_the_bearer_lookup_is_one_statement_written_by_hand_with_the_tenant(agent, django_assert_num_queries):
+    """Every agent request looks its token up: one statement built once (console.queries), not
+    a query the ORM compiles anew on each request; the tenant comes in the same row."""
+    from console import queries
+
+    with django_assert_num_queries(1) as captured:
+        principal = principal_for_authorization(f"Bearer {AGENT_TOKEN}")
+        assert principal.tenant.slug == agent.tenant.slug
+    assert captured.captured_queries[0]["sql"].startswith(queries.PRINCIPAL_SQL.split("%s")[0])

@@ -65,6 +65,16 @@ def test_postgresqls_server_binding_cursor_is_there():
     assert issubclass(base.ServerBindingCursor, base.CursorMixin), UPGRADE
 
 
+def test_psycopgs_query_split_is_there():
+    """The hot path's cursor keeps psycopg's split of a statement's text (django_private)."""
+    from psycopg import _queries
+
+    assert parameters(_queries._query2pg_nocache) == ["query", "encoding"], UPGRADE
+    assert parameters(_queries.PostgresQuery.convert) == ["self", "query", "vars"], UPGRADE
+    assert parameters(_queries.PostgresQuery.dump) == ["self", "vars"], UPGRADE
+    assert {"query", "_want_formats", "_order", "_parts", "_tx"} <= set(_queries.PostgresQuery.__slots__), UPGRADE
+
+
 def test_the_converter_and_field_internals_are_there():
     assert parameters(models.Field.get_col) == ["self", "alias", "output_field"], UPGRADE
     assert parameters(BaseDatabaseOperations.get_db_converters) == ["self", "expression"], UPGRADE
@@ -110,7 +120,7 @@ def test_on_postgresql_the_hot_path_cursor_binds_on_the_server(db):
     connection.ensure_connection()
     assert not django_private.queries_logged(connection)
     wrapped = django_private.server_binding_cursor(connection)
-    assert type(wrapped.cursor) is ServerBindingCursor
-    assert sql.cursor(connection).cursor.__class__ is ServerBindingCursor
+    assert isinstance(wrapped.cursor, ServerBindingCursor)
+    assert isinstance(sql.cursor(connection).cursor, ServerBindingCursor)
     wrapped.execute("SELECT %s::int", [41])
     assert wrapped.fetchone() == (41,)

@@ -4,10 +4,15 @@ process shares (Redis in distributed mode, files under var/ in embedded mode).""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from django.conf import settings
+from django.core.cache import caches
 from rest_framework.test import APIClient
 
-from console.ratelimit import rate_limit_reset
+from console.lib.errors import RateLimited
+from console.ratelimit import rate_limit_hit, rate_limit_reset
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN, make_agent
 from tests.runs.test_otlp import otlp_json, post, span_json
 
@@ -95,3 +100,41 @@ def test_the_limits_are_fields_of_the_admins_tenant_and_agent_forms(client, agen
     client.force_login(admin)
     for url in (f"/admin/console/tenant/{agent.tenant_id}/change/", f"/admin/console/agentprincipal/{agent.pk}/change/"):
         assert 'name="api_rate_per_minute"' in client.get(url).content.decode()
+
+
+@pytest.mark.skipif(not settings.RATE_LIMIT_CACHE_URL, reason="the counters are in Redis only with a Redis URL")
+def test_a_request_counts_its_token_and_tenant_in_one_round_trip_to_redis(agent, monkeypatch):
+    from redis.connection import Connection
+
+    sent = []
+    send = Connection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        sent.append(command)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(Connection, "send_packed_command", counted)
+    rate_limit_hit(agent)
+    rate_limit_hit(agent)
+    assert len(sent) == 2
+    # The window's keys expire: a count never outlives two windows.
+    window = int(time.time() // 60)
+    cache = caches["ratelimit"]
+    assert cache.get(f"token:{agent.pk}:{window}") in (2, None)  # None: the minute turned
+    import redis
+
+    client = redis.Redis.from_url(settings.CACHES["ratelimit"]["LOCATION"])
+    ttls = [client.ttl(cache.make_and_validate_key(f"{scope}:{ident}:{window}"))
+            for scope, ident in (("token", agent.pk), ("tenant", agent.tenant_id))]
+    client.close()
+    assert all(0 < ttl <= 120 or ttl == -2 for ttl in ttls), ttls  # -2: gone, the minute turned
+
+
+def test_a_request_over_its_tokens_limit_does_not_count_against_its_tenant(agent, settings):
+    settings.API_RATE_PER_TENANT = 100
+    for _ in range(3):
+        rate_limit_hit(agent)
+    with pytest.raises(RateLimited):
+        rate_limit_hit(agent)
+    window = int(time.time() // 60)
+    assert caches["ratelimit"].get(f"tenant:{agent.tenant_id}:{window}") in (3, None)  # None: the minute turned
