@@ -119,7 +119,12 @@ class Doorbell:
         # Rings that come while a read is under way are folded into one more read after it.
         while self.check_wanted and self.watches:
             self.check_wanted = False
-            watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches]
+            # A poll answered by the last read is still listed until it resumes: not read again
+            # (its answer would be built a second time).
+            watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches
+                       if not watch.future.done()]
+            if not watched:
+                return
             try:
                 self.reads += 1
                 statuses, answers = await db_hop(_read)(watched)

@@ -184,3 +184,35 @@ def test_one_ring_reads_once_for_polls_that_wait_for_any_change_and_for_final_on
     assert woken == [("dispatched", None), ("dispatched", None)]
     assert still_waiting == [False, True, False, True]
     assert reads == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_ring_during_the_read_that_answered_a_poll_does_not_build_its_answer_again(api, running_task, monkeypatch):
+    """The commit that makes a call final rings more than once (its events); a ring heard while
+    the read that answered the poll runs makes one more read, which leaves the answered poll alone
+    (before it leaves the bell, it is still watching)."""
+    [proposed] = propose(api, running_task, 1)
+    call = Call.objects.get(call_id="call-1")
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+    built = []
+
+    def answer():
+        built.append(call.pk)
+        return call_detail(call)["status"]
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        poll = asyncio.create_task(bell.watch(call.pk, "authorized", 30, since=bell.rings, answer=answer))
+        await asyncio.sleep(0)
+        await longpoll.db_hop(ledger_services.operation_dispatch)(
+            operation_id=proposed["operation_id"], worker="test-worker")
+        bell._ring()
+        await asyncio.sleep(0)  # the read is under way
+        bell._ring()
+        result = await poll
+        await bell.checker
+        return result
+
+    assert asyncio.run(scenario()) == ("dispatched", "dispatched")
+    assert built == [call.pk]
