@@ -247,34 +247,41 @@ def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, i
     return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms, polls)
 
 
-def run_agents(stack: Stack, agents: int, calls: int, warmup: int) -> list[Sample]:
-    samples: list[Sample] = []
-    lock = threading.Lock()
+def in_threads(count: int, work: Callable[[int], list]) -> list:
+    """`work(i)` for i in 0..count-1, each in a thread of its own, started together: their
+    results in one list (the first error raised here)."""
+    results: list[list] = [[] for _ in range(count)]
     errors: list[BaseException] = []
+    start = threading.Barrier(count)
 
-    def agent(index: int) -> None:
+    def run(index: int) -> None:
         try:
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client, \
-                    httpx.Client(base_url=stack.payments_url, timeout=30) as direct:
-                task = start_task(client, f"bench-{agents}-{index}")
-                run = f"{agents}x{index}-{time.time_ns()}"
-                for i in range(warmup + calls):
-                    sample = one_call(client, direct, task, f"{run}-{i}")
-                    if i >= warmup:
-                        with lock:
-                            samples.append(sample)
+            start.wait()
+            results[index] = work(index)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
-    return samples
+    return [value for values in results for value in values]
+
+
+def run_agents(stack: Stack, agents: int, calls: int, warmup: int) -> list[Sample]:
+    def agent(index: int) -> list[Sample]:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client, \
+                httpx.Client(base_url=stack.payments_url, timeout=30) as direct:
+            task = start_task(client, f"bench-{agents}-{index}")
+            run = f"{agents}x{index}-{time.time_ns()}"
+            samples = [one_call(client, direct, task, f"{run}-{i}") for i in range(warmup + calls)]
+        return samples[warmup:]
+
+    return in_threads(agents, agent)
 
 
 def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple]) -> None:
@@ -397,28 +404,7 @@ def measure_floor(stack: Stack, rounds: int = 60, agents: int = 1) -> dict[str, 
     if stack.mode == "postgres":
         parts.append(("redis hop", lambda i: _redis_hops(stack, rounds, f"bench-latency-floor-{i}")))
     parts.append(("/healthz", lambda i: _healthz(stack, rounds)))
-    floor: dict[str, list[float]] = {}
-    for name, part in parts:
-        results: list[list[float]] = [[] for _ in range(agents)]
-        errors: list[BaseException] = []
-        start = threading.Barrier(agents)
-
-        def run(index: int, part=part, results=results, errors=errors, start=start) -> None:
-            try:
-                start.wait()
-                results[index] = part(index)
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(agents)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-        floor[name] = [value for values in results for value in values]
-    return floor
+    return {name: in_threads(agents, part) for name, part in parts}
 
 
 def report_floor(mode: str, floor: dict[str, list[float]], *, agents: int = 1) -> None:
