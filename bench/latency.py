@@ -12,7 +12,8 @@ server, Celery worker, beat, both sandboxes) in a temporary folder on free ports
 
 A scripted agent (one thread per agent, one task each) proposes `orders.lookup` (L1, run at
 once by the gate) and long-polls `GET /api/v1/calls/{id}?wait=&until=final` (as the Python
-client does: one poll per call unless its wait runs out) until the call is final; after
+client does: one poll per call unless its wait runs out; `--wait-until change`: one poll per
+status on the way, each naming the last status seen, as before `until`) until the call is final; after
 each call it sends `GET /orders/{id}` straight to the payments sandbox and `GET /healthz` to the
 server. Printed per mode and agent count: p50/p95/p99 of the call through Countersign, of the
 direct call and of `/healthz`, the overhead (through − direct), and where the time went, from the
@@ -64,6 +65,7 @@ from bench.ledger import ensure_database, with_database  # noqa: E402
 TERMINAL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
 TOKEN = "bench-latency-token"
 STAGES = ("propose", "pickup", "provider", "receipt", "wake")
+WAIT_UNTIL = "final"  # --wait-until
 
 
 def pct(values: list[float], q: float) -> float:
@@ -231,10 +233,12 @@ def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, i
     answered = time.time()
     status = answer.get("status", "")
     polls = 0
-    # As the Python client waits: one poll that the server answers once the call is final.
+    # As the Python client waits (`until=final`): one poll that the server answers once the
+    # call is final. `change`: a poll per status on the way, each naming the last one seen.
     while status not in TERMINAL:
+        query = {"until": "final"} if WAIT_UNTIL == "final" else {"seen": status}
         body = client.get(f"/api/v1/calls/{answer['call_id']}",
-                          params={"wait": 10, "until": "final", "task_id": task_id}).raise_for_status().json()
+                          params={"wait": 10, "task_id": task_id, **query}).raise_for_status().json()
         status = body.get("status", "")
         polls += 1
     final = time.time()
@@ -434,9 +438,14 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
     parser.add_argument("--redis-dbs", default="12,13", help="the broker's and the channel layer's databases")
     parser.add_argument("--database-name", default="countersign_bench_latency")
+    parser.add_argument("--wait-until", choices=("final", "change"), default="final",
+                        help="the agent's long-poll: until=final (one per call), or seen= (one per status)")
     args = parser.parse_args()
+    global WAIT_UNTIL
+    WAIT_UNTIL = args.wait_until
     agent_counts = [int(n) for n in args.agents.split(",")]
-    print(f"bench/latency.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()}")
+    print(f"bench/latency.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()}, "
+          f"the agent waits until {args.wait_until}")
     for mode in args.modes.split(","):
         database_url = None
         if mode == "postgres":
