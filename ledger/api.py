@@ -324,8 +324,8 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     with the status as it is then. With `until=final` only a final status answers it (the agent
     waits once per call, not once per status on the way). A call that is already final, or
     already past `seen` (without `until`), is answered at once: a poll that starts after the
-    change must not wait for one. A waiting poll
-    wakes on the committed event (`ledger.longpoll.Doorbell`), not on a timer. One database hop
+    change must not wait for one. A waiting poll wakes on the committed event
+    (`ledger.longpoll.Doorbell`), not on a timer. One database hop
     answers a poll that does not wait; one more, shared by every poll the same ring wakes,
     answers one that does."""
     if request.method not in ("GET", "HEAD"):

@@ -80,9 +80,9 @@ class Doorbell:
     however many polls wait, subscribed with the first and dropped with the last.
 
     Each ring reads, in one query, the status of every call a poll waits on (`watch`), and
-    answers the polls that status answers (`_Watch.answered_by`) with the status read. A poll marks `rings` before it
-    reads its call: a ring heard since (a commit between its read and its watch) makes its
-    watch look at once instead of waiting for the next ring."""
+    answers the polls that status answers (`_Watch.answered_by`) with the status read. A poll
+    marks `rings` before it reads its call: a ring heard since (a commit between its read and
+    its watch) makes its watch look at once instead of waiting for the next ring."""
 
     _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
