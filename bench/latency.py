@@ -11,7 +11,9 @@ server, Celery worker, beat, both sandboxes) in a temporary folder on free ports
   and Redis (`--redis`, databases 12 and 13 unless `--redis-dbs`).
 
 A scripted agent (one thread per agent, one task each) proposes `orders.lookup` (L1, run at
-once by the gate) and long-polls `GET /api/v1/calls/{id}?wait=` until the call is final; after
+once by the gate) and long-polls `GET /api/v1/calls/{id}?wait=&until=final` (as the Python
+client does: one poll per call unless its wait runs out; `--wait-until change`: one poll per
+status on the way, each naming the last status seen, as before `until`) until the call is final; after
 each call it sends `GET /orders/{id}` straight to the payments sandbox and `GET /healthz` to the
 server. Printed per mode and agent count: p50/p95/p99 of the call through Countersign, of the
 direct call and of `/healthz`, the overhead (through − direct), and where the time went, from the
@@ -24,6 +26,11 @@ ledger's own timestamps (same machine, same clock):
 | provider | attempt started → finished (the adapter's HTTP call)                          |
 | receipt  | attempt finished → `confirmed` event                                         |
 | wake     | `confirmed` event → the agent holds the final answer (long-poll, response)    |
+
+The floor of the mode is printed first (a committed one-row write, a Redis publish → subscriber
+hop, `/healthz`), and beside each run of several agents the same floor from as many threads at
+once, each with its own connections: what the machine does for that many concurrent clients
+doing only the minimum, to judge "N agents within 2× of one" against.
 
 Nothing is asserted: the machine is shared and noisy; read medians, repeat, and record figures
 with the machine's load in docs/benchmarks.md.
@@ -42,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +65,7 @@ from bench.ledger import ensure_database, with_database  # noqa: E402
 TERMINAL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
 TOKEN = "bench-latency-token"
 STAGES = ("propose", "pickup", "provider", "receipt", "wake")
+WAIT_UNTIL = "final"  # --wait-until
 
 
 def pct(values: list[float], q: float) -> float:
@@ -196,6 +205,7 @@ class Sample:
     status: str
     direct_ms: float
     healthz_ms: float
+    polls: int = 0
 
 
 def start_task(client: httpx.Client, name: str) -> tuple[str, int, int]:
@@ -222,10 +232,15 @@ def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, i
     }).raise_for_status().json()
     answered = time.time()
     status = answer.get("status", "")
+    polls = 0
+    # As the Python client waits (`until=final`): one poll that the server answers once the
+    # call is final. `change`: a poll per status on the way, each naming the last one seen.
     while status not in TERMINAL:
+        query = {"until": "final"} if WAIT_UNTIL == "final" else {"seen": status}
         body = client.get(f"/api/v1/calls/{answer['call_id']}",
-                          params={"wait": 10, "seen": status, "task_id": task_id}).raise_for_status().json()
+                          params={"wait": 10, "task_id": task_id, **query}).raise_for_status().json()
         status = body.get("status", "")
+        polls += 1
     final = time.time()
     began = time.perf_counter()
     direct.get(f"/orders/ord-{tag}").raise_for_status()
@@ -233,37 +248,44 @@ def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, i
     began = time.perf_counter()
     client.get("/healthz").raise_for_status()
     healthz_ms = (time.perf_counter() - began) * 1000
-    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms)
+    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms, polls)
 
 
-def run_agents(stack: Stack, agents: int, calls: int, warmup: int) -> list[Sample]:
-    samples: list[Sample] = []
-    lock = threading.Lock()
+def in_threads(count: int, work: Callable[[int], list]) -> list:
+    """`work(i)` for i in 0..count-1, each in a thread of its own, started together: their
+    results in one list (the first error raised here)."""
+    results: list[list] = [[] for _ in range(count)]
     errors: list[BaseException] = []
+    start = threading.Barrier(count)
 
-    def agent(index: int) -> None:
+    def run(index: int) -> None:
         try:
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client, \
-                    httpx.Client(base_url=stack.payments_url, timeout=30) as direct:
-                task = start_task(client, f"bench-{agents}-{index}")
-                run = f"{agents}x{index}-{time.time_ns()}"
-                for i in range(warmup + calls):
-                    sample = one_call(client, direct, task, f"{run}-{i}")
-                    if i >= warmup:
-                        with lock:
-                            samples.append(sample)
+            start.wait()
+            results[index] = work(index)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
-    return samples
+    return [value for values in results for value in values]
+
+
+def run_agents(stack: Stack, agents: int, calls: int, warmup: int) -> list[Sample]:
+    def agent(index: int) -> list[Sample]:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client, \
+                httpx.Client(base_url=stack.payments_url, timeout=30) as direct:
+            task = start_task(client, f"bench-{agents}-{index}")
+            run = f"{agents}x{index}-{time.time_ns()}"
+            samples = [one_call(client, direct, task, f"{run}-{i}") for i in range(warmup + calls)]
+        return samples[warmup:]
+
+    return in_threads(agents, agent)
 
 
 def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple]) -> None:
@@ -289,7 +311,8 @@ def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple
         return (f"  {label:<22} p50 {pct(values, 50):8.1f}  p95 {pct(values, 95):8.1f}  "
                 f"p99 {pct(values, 99):8.1f} ms  (n={len(values)})")
 
-    print(f"\n{mode}, {agents} agent(s), {len(samples)} calls"
+    polls = sum(s.polls for s in samples) / len(samples) if samples else float("nan")
+    print(f"\n{mode}, {agents} agent(s), {len(samples)} calls, {polls:.2f} polls per call"
           + (f", {not_confirmed} not confirmed" if not_confirmed else ""))
     print(line("through Countersign", through))
     print(line("direct to provider", direct))
@@ -303,66 +326,105 @@ def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple
 # --- the floor, measured in the same run ---------------------------------------------------
 
 
-def measure_floor(stack: Stack, rounds: int = 60) -> dict[str, list[float]]:
-    """What any design with these parts pays at least: a Redis publish → subscriber hop (the
-    broker's and the doorbell's), one committed write on the mode's database (the proposal, the
-    claim and the receipt each commit once), and `/healthz` (an ASGI round trip with one read)."""
-    floor: dict[str, list[float]] = {"commit": [], "redis hop": []}
+def _commits(stack: Stack, rounds: int) -> list[float]:
+    times: list[float] = []
     if stack.mode == "postgres":
         import psycopg
-        import redis
 
         with psycopg.connect(stack.database_url.replace("postgres://", "postgresql://", 1)) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS bench_latency_floor (id serial PRIMARY KEY, at double precision)")
-            conn.commit()
             for _ in range(rounds):
                 began = time.perf_counter()
                 conn.execute("INSERT INTO bench_latency_floor (at) VALUES (%s)", [time.time()])
                 conn.commit()
-                floor["commit"].append((time.perf_counter() - began) * 1000)
-        client = redis.Redis.from_url(f"{stack.redis}/{stack.redis_dbs[1]}")
-        subscriber = client.pubsub()
-        subscriber.subscribe("bench-latency-floor")
-        subscriber.get_message(timeout=1)
-        for _ in range(rounds):
-            began = time.perf_counter()
-            client.publish("bench-latency-floor", b"ring")
-            while subscriber.get_message(timeout=1) is None:
-                pass
-            floor["redis hop"].append((time.perf_counter() - began) * 1000)
-        subscriber.close()
-        client.close()
-    else:
-        conn = sqlite3.connect(stack.var / "floor.sqlite3", isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS floor (id INTEGER PRIMARY KEY, at REAL)")
+                times.append((time.perf_counter() - began) * 1000)
+        return times
+    conn = sqlite3.connect(stack.var / "floor.sqlite3", isolation_level=None, timeout=30)
+    try:
         for _ in range(rounds):
             began = time.perf_counter()
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT INTO floor (at) VALUES (?)", [time.time()])
             conn.execute("COMMIT")
-            floor["commit"].append((time.perf_counter() - began) * 1000)
+            times.append((time.perf_counter() - began) * 1000)
+    finally:
         conn.close()
-        del floor["redis hop"]
+    return times
+
+
+def _redis_hops(stack: Stack, rounds: int, channel: str) -> list[float]:
+    import redis
+
+    times: list[float] = []
+    client = redis.Redis.from_url(f"{stack.redis}/{stack.redis_dbs[1]}")
+    subscriber = client.pubsub()
+    subscriber.subscribe(channel)
+    subscriber.get_message(timeout=1)
+    for _ in range(rounds):
+        began = time.perf_counter()
+        client.publish(channel, b"ring")
+        while subscriber.get_message(timeout=1) is None:
+            pass
+        times.append((time.perf_counter() - began) * 1000)
+    subscriber.close()
+    client.close()
+    return times
+
+
+def _healthz(stack: Stack, rounds: int) -> list[float]:
+    times: list[float] = []
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        floor["/healthz"] = []
         for _ in range(rounds):
             began = time.perf_counter()
             client.get("/healthz").raise_for_status()
-            floor["/healthz"].append((time.perf_counter() - began) * 1000)
-    return floor
+            times.append((time.perf_counter() - began) * 1000)
+    return times
 
 
-def report_floor(mode: str, floor: dict[str, list[float]]) -> None:
-    print(f"\n{mode}, the floor (medians of {len(floor['commit'])} rounds, nothing else running in the bench)")
+def _prepare_floor(stack: Stack) -> None:
+    if stack.mode == "postgres":
+        import psycopg
+
+        with psycopg.connect(stack.database_url.replace("postgres://", "postgresql://", 1)) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS bench_latency_floor (id serial PRIMARY KEY, at double precision)")
+            conn.commit()
+    else:
+        conn = sqlite3.connect(stack.var / "floor.sqlite3", isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS floor (id INTEGER PRIMARY KEY, at REAL)")
+        conn.close()
+
+
+def measure_floor(stack: Stack, rounds: int = 60, agents: int = 1) -> dict[str, list[float]]:
+    """What any design with these parts pays at least: a Redis publish → subscriber hop (the
+    broker's and the doorbell's), one committed write on the mode's database (the proposal, the
+    claim and the receipt each commit once), and `/healthz` (an ASGI round trip with one read).
+
+    With `agents` > 1, the same rounds from that many threads at once, each with its own
+    connections, one part at a time (all commit, then all hop, then all ask `/healthz`): what the
+    machine does for that many concurrent clients doing only the minimum, to judge the agents'
+    figures against."""
+    _prepare_floor(stack)
+    parts: list[tuple[str, Callable[[int], list[float]]]] = [("commit", lambda i: _commits(stack, rounds))]
+    if stack.mode == "postgres":
+        parts.append(("redis hop", lambda i: _redis_hops(stack, rounds, f"bench-latency-floor-{i}")))
+    parts.append(("/healthz", lambda i: _healthz(stack, rounds)))
+    return {name: in_threads(agents, part) for name, part in parts}
+
+
+def report_floor(mode: str, floor: dict[str, list[float]], *, agents: int = 1) -> None:
+    who = "nothing else running in the bench" if agents == 1 else f"from {agents} threads at once"
+    rounds = len(floor["commit"]) // agents
+    print(f"\n{mode}, the floor with {agents} agent(s) ({rounds} rounds each, {who})")
     for name, values in floor.items():
         print(f"  {name:<22} p50 {pct(values, 50):8.1f}  p99 {pct(values, 99):8.1f} ms")
     # A call that is proposed, claimed and confirmed commits three times, is answered over HTTP
     # twice (the proposal, the final poll) and crosses Redis twice (broker, doorbell).
-    hop = pct(floor.get("redis hop", []), 50) if "redis hop" in floor else 0.0
-    least = 3 * pct(floor["commit"], 50) + 2 * pct(floor["/healthz"], 50) + 2 * hop
-    print(f"  {'overhead floor':<22} p50 {least:8.1f} ms  (3 commits + 2 × /healthz"
-          + (" + 2 Redis hops)" if hop else "; the file broker's wake not counted)"))
+    for label, q in (("p50", 50), ("p99", 99)):
+        hop = pct(floor["redis hop"], q) if "redis hop" in floor else 0.0
+        least = 3 * pct(floor["commit"], q) + 2 * pct(floor["/healthz"], q) + 2 * hop
+        parts = "3 commits + 2 × /healthz" + (" + 2 Redis hops" if hop else "; the file broker's wake not counted")
+        print(f"  {'overhead floor':<22} {label} {least:8.1f} ms  ("
+              + (parts if label == "p50" else "the same parts, each at its p99") + ")")
 
 
 def main() -> None:
@@ -376,9 +438,14 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
     parser.add_argument("--redis-dbs", default="12,13", help="the broker's and the channel layer's databases")
     parser.add_argument("--database-name", default="countersign_bench_latency")
+    parser.add_argument("--wait-until", choices=("final", "change"), default="final",
+                        help="the agent's long-poll: until=final (one per call), or seen= (one per status)")
     args = parser.parse_args()
+    global WAIT_UNTIL
+    WAIT_UNTIL = args.wait_until
     agent_counts = [int(n) for n in args.agents.split(",")]
-    print(f"bench/latency.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()}")
+    print(f"bench/latency.py — {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()}, "
+          f"the agent waits until {args.wait_until}")
     for mode in args.modes.split(","):
         database_url = None
         if mode == "postgres":
@@ -391,6 +458,9 @@ def main() -> None:
             for agents in agent_counts:
                 samples = run_agents(stack, agents, args.calls, args.warmup)
                 report(mode, agents, samples, ledger_times(stack, [s.operation_id for s in samples]))
+                if agents > 1:
+                    # Beside the agents' figures: the same floor from as many concurrent clients.
+                    report_floor(mode, measure_floor(stack, agents=agents), agents=agents)
         finally:
             stack.stop()
 

@@ -284,6 +284,19 @@ def _parse_seen(raw: str | None) -> str | None:
     return raw
 
 
+# `until`'s one value: the statuses that answer a poll that waits for the call to be final.
+UNTIL = {"final": FINAL_STATUSES}
+
+
+def _parse_until(raw: str | None) -> frozenset[str] | None:
+    if raw is None or raw == "":
+        return None
+    if raw not in UNTIL:
+        raise InvalidInput("The request is invalid.",
+                           details={"fields": {"until": ["One of: " + ", ".join(UNTIL) + "."]}})
+    return UNTIL[raw]
+
+
 def _unknown_token() -> HttpResponse:
     return _error("unauthenticated", "Use 'Authorization: Bearer <token>' with a known, active agent token.",
                   status_code=401, headers={"WWW-Authenticate": "Bearer"})
@@ -300,7 +313,7 @@ class _Look:
 
 
 def _look(request: HttpRequest, header: str, call_id: str, wait: float, seen: str | None,
-          invalid: InvalidInput | None) -> _Look:
+          invalid: InvalidInput | None, until: frozenset[str] | None = None) -> _Look:
     """The agent, the call with its operation, and the answer when there is nothing to wait
     for: one hop (the token is checked before the query string, as the DRF views do)."""
     principal = principal_for_authorization(header)
@@ -312,7 +325,8 @@ def _look(request: HttpRequest, header: str, call_id: str, wait: float, seen: st
         call = call_for_principal(principal=principal, call_id=call_id, task_id=request.GET.get("task_id") or None)
         status = call_status(call)
         baseline = seen or status
-        if wait > 0 and status == baseline and status not in FINAL_STATUSES:
+        waits = status not in until if until is not None else status == baseline
+        if wait > 0 and waits and status not in FINAL_STATUSES:
             return _Look(call=call, baseline=baseline)
         return _Look(response=_json(_call_body(call, request, fresh=False)))
     except DomainError as exc:
@@ -326,9 +340,11 @@ def _answer(request: HttpRequest, call) -> HttpResponse:
 async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     """Long-poll a call: answer when its operation's status differs from the one the agent last
     saw (`seen`, else the status at the start), or when `wait` seconds (at most 30) have passed —
-    with the status as it is then. A call that is already final, or already past `seen`, is
-    answered at once: a poll that starts after the change must not wait for one. A waiting poll
-    wakes on the committed event (`ledger.longpoll.Doorbell`), not on a timer. One database hop
+    with the status as it is then. With `until=final` only a final status answers it (the agent
+    waits once per call, not once per status on the way). A call that is already final, or
+    already past `seen` (without `until`), is answered at once: a poll that starts after the
+    change must not wait for one. A waiting poll wakes on the committed event
+    (`ledger.longpoll.Doorbell`), not on a timer. One database hop
     answers a poll that does not wait; one more, shared by every poll the same ring wakes,
     answers one that does."""
     if request.method not in ("GET", "HEAD"):
@@ -338,24 +354,25 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
     if not header:
         return _error("unauthenticated", "Authentication credentials were not provided.",
                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
-    invalid, wait, seen = None, 0.0, None
+    invalid, wait, seen, until = None, 0.0, None, None
     try:
         wait = _parse_wait(request.GET.get("wait"))
         seen = _parse_seen(request.GET.get("seen"))
+        until = _parse_until(request.GET.get("until"))
     except InvalidInput as exc:
         invalid, wait = exc, 0.0
     if wait <= 0:
-        look = await db_hop(_look)(request, header, call_id, wait, seen, invalid)
+        look = await db_hop(_look)(request, header, call_id, wait, seen, invalid, until)
         return look.response
     bell = Doorbell.for_loop()
     async with bell.waiting():
         # Rings heard from here on may be for a commit the look below does not see yet.
         since = bell.rings
-        look = await db_hop(_look)(request, header, call_id, wait, seen, invalid)
+        look = await db_hop(_look)(request, header, call_id, wait, seen, invalid, until)
         if look.response is not None:
             return look.response
         moved = await bell.watch(look.call.pk, look.baseline, wait, since=since,
-                                 answer=partial(_answer, request, look.call))
+                                 answer=partial(_answer, request, look.call), until=until)
     if moved is not None and moved[1] is not None:
         return moved[1]
     return await db_hop(_answer)(request, look.call)
@@ -368,11 +385,16 @@ class CallGetApi(APIView):
         operation_id="call_get", summary="Read (long-poll) a call's operation",
         description="Answers at once with `wait=0`, or when the call is final (nothing more will happen to "
                     "it); otherwise when the operation's status differs from `seen` (default: the status at "
-                    "the start of the request), or after `wait` seconds (at most 30).",
+                    "the start of the request), or after `wait` seconds (at most 30). With `until=final`, "
+                    "only a final status answers before `wait` runs out: one poll waits for the outcome.",
         parameters=[
             OpenApiParameter("wait", {"type": "number", "minimum": 0}, description="Seconds to wait for a change (0–30)."),
             OpenApiParameter("seen", OpenApiTypes.STR, enum=CALL_STATUSES,
                              description="The status the agent last saw: a different one answers at once."),
+            OpenApiParameter("until", OpenApiTypes.STR, enum=list(UNTIL),
+                             description="`final`: answer only when the call is final (or `wait` runs out, "
+                                         "with the status as it is), not at the statuses on the way; `seen` "
+                                         "is then not needed."),
             OpenApiParameter("task_id", OpenApiTypes.STR,
                              description="The call's task. Without it, a call ID used in several of your tenant's "
                                          "tasks is 409 (details.task_ids names them)."),

@@ -3,7 +3,8 @@ and the MCP server's answers and `countersign_wait`: short database hops off the
 (`db_hop`) and a wait that wakes on the events doorbell (`wait_for_change`).
 
 The polls of one event loop wait together: a ring of the doorbell reads the status of every
-call they wait on in one query (not one per poll), and wakes only the polls whose call moved,
+call they wait on in one query (not one per poll), and wakes only the polls whose call reached
+what they wait for (any status but the one they started from, or one of a set: `until`),
 handing them the status it read."""
 
 from __future__ import annotations
@@ -47,20 +48,26 @@ def db_hop(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _Watch:
-    __slots__ = ("answer", "baseline", "future")
+    __slots__ = ("answer", "baseline", "future", "until")
 
-    def __init__(self, baseline: str, future: asyncio.Future, answer: Callable[[], Any] | None) -> None:
-        self.baseline, self.future, self.answer = baseline, future, answer
+    def __init__(self, baseline: str, future: asyncio.Future, answer: Callable[[], Any] | None,
+                 until: frozenset[str] | None = None) -> None:
+        self.baseline, self.future, self.answer, self.until = baseline, future, answer, until
+
+    def answered_by(self, status: str | None) -> bool:
+        """Whether this status answers the poll: one of `until`, else any but the baseline."""
+        if status is None:
+            return False
+        return status in self.until if self.until is not None else status != self.baseline
 
 
 def _read(watches: list[tuple[int, _Watch]]) -> tuple[dict[int, str], dict[int, Any]]:
-    """One hop for one ring: the status of every watched call (one query). When one watch's
-    call moved, its answer is built in this hop too (no second hop for it). When several did,
+    """One hop for one ring: the status of every watched call (one query). When one watch is
+    answered by it, its answer is built in this hop too (no second hop for it). When several are,
     each poll builds its own, in hops of their own: in parallel, and the next ring's read does
     not wait behind them."""
     statuses = call_operation_statuses(sorted({call_pk for call_pk, _ in watches}))
-    moved = [watch for call_pk, watch in watches
-             if (status := statuses.get(call_pk)) is not None and status != watch.baseline]
+    moved = [watch for call_pk, watch in watches if watch.answered_by(statuses.get(call_pk))]
     answers: dict[int, Any] = {}
     if len(moved) == 1 and moved[0].answer is not None:
         try:
@@ -75,9 +82,9 @@ class Doorbell:
     however many polls wait, subscribed with the first and dropped with the last.
 
     Each ring reads, in one query, the status of every call a poll waits on (`watch`), and
-    answers the polls whose call moved with the status read. A poll marks `rings` before it
-    reads its call: a ring heard since (a commit between its read and its watch) makes its
-    watch look at once instead of waiting for the next ring."""
+    answers the polls that status answers (`_Watch.answered_by`) with the status read. A poll
+    marks `rings` before it reads its call: a ring heard since (a commit between its read and
+    its watch) makes its watch look at once instead of waiting for the next ring."""
 
     _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -114,7 +121,12 @@ class Doorbell:
         # Rings that come while a read is under way are folded into one more read after it.
         while self.check_wanted and self.watches:
             self.check_wanted = False
-            watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches]
+            # A poll answered by the last read is still listed until it resumes: not read again
+            # (its answer would be built a second time).
+            watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches
+                       if not watch.future.done()]
+            if not watched:
+                return
             try:
                 self.reads += 1
                 statuses, answers = await db_hop(_read)(watched)
@@ -125,15 +137,17 @@ class Doorbell:
                 return
             for call_pk, watch in watched:
                 status = statuses.get(call_pk)
-                if status is not None and status != watch.baseline and not watch.future.done():
+                if watch.answered_by(status) and not watch.future.done():
                     watch.future.set_result((status, answers.get(id(watch))))
 
     async def watch(self, call_pk: int, baseline: str, wait: float, *, since: int | None,
-                    answer: Callable[[], Any] | None = None) -> tuple[str, Any] | None:
-        """Once the call's status differs from `baseline`: that status and `answer()` (None if
-        building it failed), called in the database hop that read the status. None after `wait`
-        seconds. `since`: the `rings` count before the caller read `baseline` (None: read now)."""
-        watch = _Watch(baseline, self.loop.create_future(), answer)
+                    answer: Callable[[], Any] | None = None,
+                    until: frozenset[str] | None = None) -> tuple[str, Any] | None:
+        """Once the call's status differs from `baseline` (with `until`: once it is one of
+        those): that status and `answer()` (None if building it failed), called in the database
+        hop that read the status. None after `wait` seconds. `since`: the `rings` count before
+        the caller read `baseline` (None: read now)."""
+        watch = _Watch(baseline, self.loop.create_future(), answer, until)
         self.watches.setdefault(call_pk, []).append(watch)
         try:
             if since is None or since != self.rings:
@@ -244,10 +258,12 @@ class Doorbell:
         self.listener = self.checker = None
 
 
-async def wait_for_change(call_pk: int, baseline: str, wait: float) -> str | None:
-    """Until the call's status differs from `baseline` (answered with it) or `wait` seconds have
-    passed (None), woken by the doorbell (and at the fallback interval)."""
+async def wait_for_change(call_pk: int, baseline: str, wait: float, *,
+                          until: frozenset[str] | None = None) -> str | None:
+    """Until the call's status differs from `baseline` (with `until`: is one of those), answered
+    with it, or `wait` seconds have passed (None), woken by the doorbell (and at the fallback
+    interval)."""
     bell = Doorbell.for_loop()
     async with bell.waiting():
-        moved = await bell.watch(call_pk, baseline, wait, since=None)
+        moved = await bell.watch(call_pk, baseline, wait, since=None, until=until)
     return moved[0] if moved is not None else None

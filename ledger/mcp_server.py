@@ -54,7 +54,7 @@ from console.ratelimit import rate_limit_hit
 from ledger.answers import answer_json
 from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, call_propose
-from ledger.selectors import FINAL_STATUSES, Outcome, call_detail, call_for_principal
+from ledger.selectors import FINAL_STATUSES, Outcome, call_detail, call_for_principal, call_status
 from ledger.starts import task_start
 
 PATH = "/mcp"
@@ -137,10 +137,10 @@ class _Sessions:
 # --- reading and waiting ---------------------------------------------------------------------
 
 
-def _call_state(principal: AgentPrincipal, call_id: str, task_id: str) -> tuple[int, str, bool]:
+def _call_state(principal: AgentPrincipal, call_id: str, task_id: str) -> tuple[int, str]:
+    """The call and its status, read with it (one query: no detail is built to wait)."""
     call = call_for_principal(principal=principal, call_id=call_id, task_id=task_id)
-    detail = call_detail(call)
-    return call.pk, detail["status"], detail["final"]
+    return call.pk, call_status(call)
 
 
 def _call_body(principal: AgentPrincipal, call_id: str, task_id: str, base_url: str) -> dict[str, Any]:
@@ -149,14 +149,15 @@ def _call_body(principal: AgentPrincipal, call_id: str, task_id: str, base_url: 
 
 
 async def _wait(principal: AgentPrincipal, call_id: str, task_id: str, seconds: float) -> None:
-    """Until the call is final or `seconds` have passed, woken by committed events."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while (remaining := deadline - loop.time()) > 0:
-        call_pk, status, final = await db_hop(_call_state)(principal, call_id, task_id)
-        if final or status in FINAL_STATUSES:
-            return
-        await wait_for_change(call_pk, status, remaining)
+    """Until the call is final or `seconds` have passed, woken by committed events: one read of
+    the call, then one watch that only a final status answers (the statuses on the way, such as
+    `dispatched`, wake nothing)."""
+    if seconds <= 0:
+        return
+    call_pk, status = await db_hop(_call_state)(principal, call_id, task_id)
+    if status in FINAL_STATUSES:
+        return
+    await wait_for_change(call_pk, status, seconds, until=FINAL_STATUSES)
 
 
 def _result(body: dict[str, Any]) -> types.CallToolResult:

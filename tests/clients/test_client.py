@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from countersign import (
     AsyncClient,
@@ -247,3 +248,64 @@ def test_the_criteria_helpers_refuse_an_ambiguous_result_check():
         criteria.result_matches("/status", tool="payments.refund")
     assert criteria.result_matches("", call_id="c1", equals=None) == {
         "kind": "result_matches", "path": "", "call_id": "c1", "equals": None}
+
+
+class CountedRequests:
+    """The agent's requests to the server, as (method, path, query)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, dict]] = []
+
+    def __call__(self, request: httpx.Request) -> None:
+        self.sent.append((request.method, request.url.path, dict(request.url.params)))
+
+    def polls(self) -> list[dict]:
+        return [query for method, path, query in self.sent if method == "GET" and path.startswith("/api/v1/calls/")]
+
+
+def counted_client(stack) -> tuple[Client, CountedRequests]:
+    counted = CountedRequests()
+    http = httpx.Client(base_url=stack.url, timeout=35, headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
+                        event_hooks={"request": [counted]})
+    return Client(stack.url, AGENT_TOKEN, http=http), counted
+
+
+def test_a_call_the_gate_runs_is_waited_for_in_one_poll(stack, agent):
+    """The server answers the poll once the call is final (`until=final`), not at `dispatched`:
+    one proposal and one poll per call."""
+    client, counted = counted_client(stack)
+    with client:
+        task = client.start_task(key="thread-one-poll", renew=False, **CONTRACT)
+        results = [task.call("payments.refund", refund(f"ord-p{i}", 10), step_id=f"refund-p{i}") for i in range(3)]
+
+    assert all(result is not None for result in results)
+    assert Operation.objects.filter(task_id=task.task_id, status="confirmed").count() == 3
+    assert [query.get("until") for query in counted.polls()] == ["final"] * 3
+
+
+def test_a_proposal_answered_final_is_not_polled(stack, agent):
+    client, counted = counted_client(stack)
+    with client:
+        task = client.start_task(key="thread-no-poll", renew=False, constraints={"max_amount": 10}, **CONTRACT)
+        with pytest.raises(Refused):
+            task.call("payments.refund", refund("ord-r1", 30), step_id="refund-r1")
+
+    assert counted.polls() == []
+    assert [method for method, path, _ in counted.sent if path.endswith("/calls")] == ["POST"]
+
+
+def test_the_async_client_waits_in_one_poll_too(stack, agent):
+    counted = CountedRequests()
+
+    async def count(request: httpx.Request) -> None:
+        counted(request)
+
+    async def run():
+        http = httpx.AsyncClient(base_url=stack.url, timeout=35, headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
+                                 event_hooks={"request": [count]})
+        async with AsyncClient(stack.url, AGENT_TOKEN, http=http) as client:
+            task = await client.start_task(key="thread-one-poll-async", renew=False, **CONTRACT)
+            return await task.call("payments.refund", refund("ord-pa", 10), step_id="refund-pa")
+
+    assert asyncio.run(run()) is not None
+    assert [query.get("until") for query in counted.polls()] == ["final"]

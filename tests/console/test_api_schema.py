@@ -68,6 +68,17 @@ def test_the_schema_names_the_statuses_a_long_poll_takes_as_seen():
 
 
 @pytest.mark.django_db
+def test_the_schema_documents_until_final_and_admits_nothing_else():
+    schema = _schema()
+    until = _parameter(schema, "/api/v1/calls/{call_id}", "get", "until")
+
+    assert until["in"] == "query" and not until.get("required")
+    assert _admits(schema, until["schema"], "final")
+    assert not _admits(schema, until["schema"], "dispatched")
+    assert "final" in until["description"]
+
+
+@pytest.mark.django_db
 def test_the_schema_admits_only_the_idempotency_keys_the_server_takes():
     schema = _schema()
     key = _parameter(schema, "/api/v1/tasks", "post", "Idempotency-Key")["schema"]

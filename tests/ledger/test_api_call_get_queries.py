@@ -14,7 +14,7 @@ from ledger import api as ledger_api
 from ledger import longpoll
 from ledger import services as ledger_services
 from ledger.models import Call
-from ledger.selectors import call_detail
+from ledger.selectors import FINAL_STATUSES, call_detail
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import call_body
 
@@ -145,3 +145,74 @@ def test_a_ring_heard_before_the_poll_watches_makes_it_look_at_once(api, running
         return await bell.watch(call.pk, "authorized", 30, since=since)
 
     assert asyncio.run(scenario()) == ("dispatched", None)
+
+
+@pytest.mark.django_db
+def test_a_poll_until_final_that_waits_reads_only_the_agent_and_the_call(api, running_task, django_assert_num_queries):
+    propose(api, running_task, 1)
+    with django_assert_num_queries(2):
+        look = ledger_api._look(request_for(running_task.task_id), HEADER, "call-1", 10.0, "planned", None,
+                                FINAL_STATUSES)
+    assert (look.response, look.baseline) == (None, "planned")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_one_ring_reads_once_for_polls_that_wait_for_any_change_and_for_final_ones(api, running_task, monkeypatch):
+    """Polls with and without `until` share the ring's one read; a move to `dispatched` answers
+    the ones that wait for any change and leaves the ones that wait for the call to be final."""
+    proposed = propose(api, running_task, 2)
+    calls = [Call.objects.get(call_id=f"call-{i}") for i in (1, 2)]
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        since = bell.rings
+        polls = [asyncio.create_task(bell.watch(call.pk, "authorized", 30, since=since, until=until))
+                 for call in calls for until in (None, FINAL_STATUSES)]
+        await asyncio.sleep(0)
+        await longpoll.db_hop(lambda: [ledger_services.operation_dispatch(
+            operation_id=answer["operation_id"], worker="test-worker") for answer in proposed])()
+        bell._ring()
+        woken = await asyncio.gather(polls[0], polls[2])
+        still_waiting = [not poll.done() for poll in polls]
+        for poll in polls:
+            poll.cancel()
+        return woken, still_waiting, bell.reads
+
+    woken, still_waiting, reads = asyncio.run(scenario())
+    assert woken == [("dispatched", None), ("dispatched", None)]
+    assert still_waiting == [False, True, False, True]
+    assert reads == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_ring_during_the_read_that_answered_a_poll_does_not_build_its_answer_again(api, running_task, monkeypatch):
+    """The commit that makes a call final rings more than once (its events); a ring heard while
+    the read that answered the poll runs makes one more read, which leaves the answered poll alone
+    (before it leaves the bell, it is still watching)."""
+    [proposed] = propose(api, running_task, 1)
+    call = Call.objects.get(call_id="call-1")
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+    built = []
+
+    def answer():
+        built.append(call.pk)
+        return call_detail(call)["status"]
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        poll = asyncio.create_task(bell.watch(call.pk, "authorized", 30, since=bell.rings, answer=answer))
+        await asyncio.sleep(0)
+        await longpoll.db_hop(ledger_services.operation_dispatch)(
+            operation_id=proposed["operation_id"], worker="test-worker")
+        bell._ring()
+        await asyncio.sleep(0)  # the read is under way
+        bell._ring()
+        result = await poll
+        await bell.checker
+        return result
+
+    assert asyncio.run(scenario()) == ("dispatched", "dispatched")
+    assert built == [call.pk]

@@ -153,16 +153,43 @@ def verdict_pause(attempt: int) -> float:
     return min(VERDICT_POLL_SECONDS * 2 ** attempt, VERDICT_POLL_MAX_SECONDS)
 
 
+def poll_wait(until: float | None) -> float | None:
+    """Seconds the next long-poll may wait, or None when the caller's deadline passed."""
+    left = None if until is None else until - time.monotonic()
+    if left is not None and left <= 0:
+        return None
+    return POLL_SECONDS if left is None else max(1, min(POLL_SECONDS, int(left)))
+
+
+def final_poll(task_id: str, status: str | None, wait: float) -> dict[str, Any]:
+    """The query of a long-poll that the server answers once the call is final (`until=final`):
+    one poll per call, not one per status on the way. From `unknown` the next status may be
+    `manual`, where the client stops (`is_open`) though the call is not final: that poll answers
+    any change instead."""
+    if status == "unknown":
+        return {"task_id": task_id, "wait": wait, "seen": status}
+    return {"task_id": task_id, "wait": wait, "until": "final"}
+
+
+def first_wait_poll(task_id: str, until: float | None) -> dict[str, Any]:
+    """The first long-poll of a call whose status the client does not know yet."""
+    wait = poll_wait(until)
+    return final_poll(task_id, None, 0 if wait is None else wait)
+
+
 def next_poll(task_id: str, answer: dict[str, Any], until: float | None) -> dict[str, Any] | None:
     """The query of the next long-poll of a call, or None when waiting is over (the call is no
     longer open, or the caller's deadline passed)."""
     if not is_open(answer):
         return None
-    left = None if until is None else until - time.monotonic()
-    if left is not None and left <= 0:
-        return None
-    wait = POLL_SECONDS if left is None else max(1, min(POLL_SECONDS, int(left)))
-    return {"task_id": task_id, "wait": wait, "seen": answer["status"]}
+    wait = poll_wait(until)
+    return None if wait is None else final_poll(task_id, answer["status"], wait)
+
+
+def answers_for_itself(proposed: dict[str, Any]) -> bool:
+    """A proposal answered final needs no poll: its answer carries the decision, the reasons
+    and the result. Not a failed call's: the error (`last_error`) is in the call's answer only."""
+    return bool(proposed.get("final")) and proposed.get("status") != "failed"
 
 
 def awaiting_approval(answer: dict[str, Any]) -> bool:

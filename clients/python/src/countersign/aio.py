@@ -116,7 +116,8 @@ class AsyncTask(_core.TaskState):
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
         until = _core.deadline(timeout)
-        answer = await self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
+        answer = await self.client.request("GET", _core.call_path(call_id),
+                                           params=_core.first_wait_poll(self.task_id, until))
         while (params := _core.next_poll(self.task_id, answer, until)) is not None:
             answer = await self.client.request("GET", _core.call_path(call_id), params=params)
         return answer
@@ -133,6 +134,8 @@ class AsyncTask(_core.TaskState):
     async def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str,
                           call_id: str | None = None, timeout: float | None = None) -> dict[str, Any]:
         proposed = await self.propose(tool, arguments, step_id=step_id, call_id=call_id)
+        if _core.answers_for_itself(proposed):
+            return proposed
         return await self.wait(proposed["call_id"], timeout=timeout)
 
     async def call(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,

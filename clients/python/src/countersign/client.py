@@ -127,17 +127,23 @@ class Task(_core.TaskState):
             raise _core.fenced(error) from error
 
     def wait(self, call_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        """Long-polls the call until it is final (or parked for people), or `timeout` passes."""
+        """Long-polls the call until it is final (or parked for people), or `timeout` passes: one
+        poll that the server answers when the call is final (`until=final`), more only when a
+        poll's wait runs out first."""
         until = _core.deadline(timeout)
-        answer = self.client.request("GET", _core.call_path(call_id), params=self.first_poll())
+        answer = self.client.request("GET", _core.call_path(call_id), params=_core.first_wait_poll(self.task_id, until))
         while (params := _core.next_poll(self.task_id, answer, until)) is not None:
             answer = self.client.request("GET", _core.call_path(call_id), params=params)
         return answer
 
     def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
                     timeout: float | None = None) -> dict[str, Any]:
-        """Proposes and waits; the last answer, final unless `timeout` passed."""
+        """Proposes and waits; the last answer, final unless `timeout` passed. A proposal
+        answered final (a refusal, a repeat of a call that ended) is returned as it is, without a
+        poll: it carries `result` but not `receipt` or `attempts` (`wait()` reads them)."""
         proposed = self.propose(tool, arguments, step_id=step_id, call_id=call_id)
+        if _core.answers_for_itself(proposed):
+            return proposed
         return self.wait(proposed["call_id"], timeout=timeout)
 
     def call(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,

@@ -86,7 +86,8 @@ class CountersignToolNode:
         return {"messages": [self.tool_message(task, tool_call, answer) for tool_call, answer in proposed]}
 
     def tool_message(self, task: Task, tool_call: dict[str, Any], answer: dict[str, Any]) -> ToolMessage:
-        final = task.wait(answer["call_id"])
+        # A proposal answered final (a refusal, a repeat of a call that ended) needs no poll.
+        final = answer if _core.answers_for_itself(answer) else task.wait(answer["call_id"])
         if _core.is_open(final):
             raise NotFinal(final)
         try:

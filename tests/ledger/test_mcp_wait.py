@@ -1,0 +1,67 @@
+"""How the MCP server waits for a tool call's answer (`ledger.mcp_server._wait`, used by every
+tool call and by `countersign_wait`): it reads the call once and then waits on the doorbell for
+the call to be final, not for each status on the way (`dispatched`), which cost a read of the
+call, its detail and a new watch per status."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from django.db import connection
+
+from ledger import longpoll, mcp_server
+from ledger import services as ledger_services
+from ledger.models import Fact, Operation
+from tests.fixtures.api import call_body
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+
+def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, agent, running_task, monkeypatch):
+    proposed = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task),
+                        format="json").json()
+    operation_id = proposed["operation_id"]
+    reads = []
+    read_once = threading.Event()
+    real_state = mcp_server._call_state
+
+    def counted_state(*args):
+        state = real_state(*args)
+        reads.append(state[1])
+        read_once.set()
+        return state
+
+    monkeypatch.setattr(mcp_server, "_call_state", counted_state)
+    dispatched_read = threading.Event()
+    real_statuses = longpoll.call_operation_statuses
+
+    def spied_statuses(call_pks):
+        statuses = real_statuses(call_pks)
+        if "dispatched" in statuses.values():
+            dispatched_read.set()
+        return statuses
+
+    monkeypatch.setattr(longpoll, "call_operation_statuses", spied_statuses)
+
+    def move_on():
+        # Once the waiter read the call: dispatched; once the doorbell read that: confirmed.
+        try:
+            read_once.wait(20)
+            _, attempt = ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
+            dispatched_read.wait(20)
+            ledger_services.operation_record_outcome(
+                operation_id=operation_id, attempt_number=attempt.number, fencing_token=attempt.fencing_token,
+                fact=Fact.KNOWN_SUCCESS, receipt={"id": "re_1"})
+        finally:
+            connection.close()
+
+    mover = threading.Thread(target=move_on)
+    mover.start()
+    asyncio.run(mcp_server._wait(agent, "call-1", running_task.task_id, 30))
+    mover.join(timeout=30)
+
+    assert dispatched_read.is_set()
+    assert Operation.objects.get(pk=operation_id).status == "confirmed"
+    assert reads == ["authorized"]
