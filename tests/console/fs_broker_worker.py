@@ -25,7 +25,9 @@ def transport_options(folder: Path) -> dict:
 
 
 def make_app(folder: Path) -> Celery:
-    app = Celery("fs_broker_test", broker="filesystem://", fixups=[])
+    # Not the process's current app: imported by a test, it would take over the product's
+    # shared tasks (their publishes would go to this app's folders).
+    app = Celery("fs_broker_test", broker="filesystem://", fixups=[], set_as_current=False)
     app.conf.update(
         broker_transport="console.lib.fs_broker:Transport",
         broker_transport_options=transport_options(folder),
