@@ -10,7 +10,7 @@ same run, DBOS doing the same provider call in a workflow step with as many proc
 
 Countersign: each agent is a spawned process with its own task; it proposes `bench.refund` (the
 payments sandbox's refund adapter, L0 write, native idempotency: the gate runs it at once) with
-`POST /api/v1/tasks/{id}/calls`, then long-polls `GET /api/v1/calls/{id}?seen=` until the call
+`POST /api/v1/tasks/{id}/calls`, then long-polls `GET /api/v1/calls/{id}?until=final` until the call
 is final. Agents are spread over the servers; the servers run with production settings as
 `make cluster` starts them; the workers consume the fast queue.
 
@@ -276,7 +276,7 @@ def countersign_agent(index: int, base_url: str, tag: str, barrier, stop, result
             status = answer.get("status", "")
             while status not in FINAL:
                 answer = http.get(f"/api/v1/calls/{order_id}",
-                                  params={"wait": 10, "seen": status, "task_id": task_id}).json()
+                                  params={"wait": 10, "until": "final", "task_id": task_id}).json()
                 status = answer.get("status", "")
             ended = time.monotonic()
             return {"order_id": order_id, "status": status, "latency": ended - started, "ended": ended}
