@@ -100,7 +100,7 @@ def _pct(values: list[float], pct: float) -> float:
 def instrument(timeline: Timeline) -> None:
     from django.db import connection
 
-    import console.live
+    import console.doorbell
     from ledger import dispatcher, services
     from ledger.adapters import http as http_adapters
     from ledger.adapters.payments import OrderLookupAdapter
@@ -117,7 +117,7 @@ def instrument(timeline: Timeline) -> None:
     timeline.wrap(OrderLookupAdapter, "execute", "adapter.execute")
     timeline.wrap(http_adapters, "_body", "parse body")
     # The doorbell is looked up by identity in the commit hooks: wrap the module's function.
-    timeline.wrap(console.live, "_ring", "doorbell ring")
+    timeline.wrap(console.doorbell, "_ring", "doorbell ring")
 
     # The fencing check is the one statement `_call_provider` sends before the adapter.
     from console.lib import sql

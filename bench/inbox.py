@@ -516,7 +516,7 @@ def main() -> None:
     ensure_database(url, fresh=args.fresh)
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     # This process commits the new requests: it rings the server child's doorbell on the same
-    # Redis channel layer (console.live.ring_doorbell_on_commit).
+    # Redis channel layer (console.doorbell.ring_doorbell_on_commit).
     LIVE_LAYER = args.live_layer
     os.environ["CHANNEL_LAYER_URL"] = LIVE_LAYER
     setup_django(url)

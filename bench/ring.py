@@ -1,5 +1,5 @@
 """The events doorbell's cost in the committing thread: commits that each write one event, with
-the ring (`console.live._ring`, after commit) and without it, interleaved.
+the ring (`console.doorbell._ring`, after commit) and without it, interleaved.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/x CHANNEL_LAYER_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/ring.py --commits 300 --database-name cs_bench_ring

@@ -52,11 +52,11 @@ http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else
 # by another) for every request; with it stays the thread's connection (console/lib/request_threads.py).
 http_app = RequestThreads(http_app)
 
-from console import live  # noqa: E402
+from console import doorbell  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 from ledger.mcp_server import McpServer, is_mcp_path  # noqa: E402
 
-live.SERVING = True
+doorbell.SERVING = True
 
 # Countersign as an MCP server (ledger/mcp_server.py, docs/agents.md): /mcp is not a Django view.
 mcp_server = McpServer()
@@ -69,17 +69,17 @@ async def http_or_mcp(scope, receive, send) -> None:
 
 def doorbell_lifespan(inner):
     """With the in-memory channel layer (embedded mode), the server hears the commits of other
-    processes (the worker) on a datagram socket for as long as it runs (console.live)."""
+    processes (the worker) on a datagram socket for as long as it runs (console/doorbell.py)."""
     async def lifespan(scope, receive, send) -> None:
         if not settings.CHANNEL_LAYER_URL.startswith("memory://"):
             await inner(scope, receive, send)
             return
-        async with live.embedded_doorbell() as doorbell:
+        async with doorbell.embedded_doorbell() as bell:
             async def receive_until_shutdown():
                 message = await receive()
-                if message["type"] == "lifespan.shutdown" and doorbell is not None:
+                if message["type"] == "lifespan.shutdown" and bell is not None:
                     # uvicorn stops its loop once shutdown is complete, before this task ends.
-                    doorbell.close()
+                    bell.close()
                 return message
 
             await inner(scope, receive_until_shutdown, send)
@@ -99,8 +99,8 @@ router = ProtocolTypeRouter(
 
 
 async def application(scope, receive, send) -> None:
-    # The loop the doorbell is rung on, from the request threads' commits (console.live._ring).
+    # The loop the doorbell is rung on, from the request threads' commits (console.doorbell._ring).
     loop = asyncio.get_running_loop()
-    if live.SERVER_LOOP is not loop:
-        live.serve_on(loop)
+    if doorbell.SERVER_LOOP is not loop:
+        doorbell.serve_on(loop)
     await router(scope, receive, send)

@@ -3,7 +3,7 @@
 Every socket of one server process (one event loop) shares one `Tail`:
 
 - one reader of the event table, woken by the channel-layer doorbell after each commit that
-  wrote events (console/live.py) or every LIVE_POLL_SECONDS when no bell rings; it keeps the
+  wrote events (console/doorbell.py) or every LIVE_POLL_SECONDS when no bell rings; it keeps the
   newest events in memory and wakes the sockets;
 - each socket picks its own events out of that window (its tenants, its stream's entities, after
   its own cursor) without a query;
@@ -37,7 +37,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import connections
 
-from console import live
+from console import doorbell, live
 
 logger = logging.getLogger(__name__)
 # Per-stage timestamps of every delivery (ring, read, render, send), for bench/inbox.py.
@@ -167,7 +167,7 @@ class Tail:
             layer = get_channel_layer()
             if layer is not None:
                 self.channel = await layer.new_channel()
-                await layer.group_add(live.DOORBELL_GROUP, self.channel)
+                await layer.group_add(doorbell.DOORBELL_GROUP, self.channel)
                 layer_task = asyncio.create_task(self._listen(layer))
             while True:
                 self.wakeup.clear()
@@ -188,7 +188,7 @@ class Tail:
                     await layer_task
             if layer is not None and self.channel is not None:
                 with contextlib.suppress(Exception):
-                    await layer.group_discard(live.DOORBELL_GROUP, self.channel)
+                    await layer.group_discard(doorbell.DOORBELL_GROUP, self.channel)
 
     async def _listen(self, layer) -> None:
         """The doorbell: one message per commit for the whole process, not one per socket."""

@@ -20,7 +20,8 @@ from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections
 
-from console.live import DOORBELL_GROUP, latest_event_id
+from console.doorbell import DOORBELL_GROUP
+from console.live import latest_event_id
 from ledger.selectors import call_operation_statuses
 
 # A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
@@ -28,7 +29,7 @@ from ledger.selectors import call_operation_statuses
 FALLBACK_POLL_SECONDS = 2.0
 # With an in-memory layer the doorbell also watches the event table's tail, one query per this
 # interval per event loop however many polls wait: a commit of another process rings this one by
-# a datagram (embedded mode, console.live.embedded_doorbell), which can be lost, or not sent at
+# a datagram (embedded mode, console.doorbell.embedded_doorbell), which can be lost, or not sent at
 # all when no server listens on the socket.
 TAIL_POLL_SECONDS = 1.0
 

@@ -13,9 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.notifications import notifications_plan_operation
+from console.doorbell import ring_doorbell_on_commit
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from console.lib.transitions import event_row, record_events, transition
-from console.live import ring_doorbell_on_commit
 from console.models import Event
 from ledger import tasks
 from ledger.models import Attempt, Fact, Operation, OperationStatus

@@ -14,9 +14,9 @@ from typing import Any
 from django.db import connections, models, router, transaction
 from django.utils import timezone
 
+from console.doorbell import ring_doorbell_on_commit
 from console.lib import audit, django_private, sql
 from console.lib.errors import Conflict, IllegalTransition
-from console.live import ring_doorbell_on_commit
 from console.models import Event
 
 

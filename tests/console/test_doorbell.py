@@ -17,7 +17,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
-from console import live
+from console import doorbell
 from console.lib.transitions import record_event
 from console.models import Event
 from tests import asgi as test_asgi
@@ -56,8 +56,8 @@ class HeldLayer:
 def held_layer(monkeypatch, settings):
     settings.CHANNEL_LAYER_URL = "redis://127.0.0.1:1/0"  # not sent anywhere: the held layer takes it
     layer = HeldLayer()
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
-    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    monkeypatch.setattr(doorbell, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
     yield layer
     layer.release.set()
 
@@ -67,7 +67,7 @@ def test_a_transaction_with_two_events_rings_once_after_commit(tenant, django_ca
         for n in range(2):
             record_event(entity="task", entity_id=f"t{n}", tenant_id=tenant.id, kind=Event.Kind.CREATED,
                          to_status="queued", actor="a")
-    assert [cb for cb in callbacks if cb is live._ring] == [live._ring]
+    assert [cb for cb in callbacks if cb is doorbell._ring] == [doorbell._ring]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -78,7 +78,7 @@ def test_the_committing_thread_does_not_wait_for_the_ring(held_layer, tenant):
     held_layer.release.set()
     wait_for(lambda: held_layer.sent, "the ring")
     assert [(group, message, released) for group, message, released, _ in held_layer.sent] == [
-        (live.DOORBELL_GROUP, {"type": "events.committed"}, True)]
+        (doorbell.DOORBELL_GROUP, {"type": "events.committed"}, True)]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -88,7 +88,7 @@ def test_in_the_server_the_ring_is_sent_on_the_servers_loop(held_layer, tenant):
     thread.start()
     try:
         wait_for(loop.is_running, "the loop")
-        live.serve_on(loop)
+        doorbell.serve_on(loop)
         commit_an_event(tenant)
         held_layer.release.set()
         wait_for(lambda: held_layer.sent, "the ring")
@@ -100,11 +100,11 @@ def test_in_the_server_the_ring_is_sent_on_the_servers_loop(held_layer, tenant):
 
 
 def test_rings_asked_for_while_one_waits_are_sent_as_one(held_layer):
-    live._ring()  # held: its send has started
-    ringer = live._own_loop_ringer()
+    doorbell._ring()  # held: its send has started
+    ringer = doorbell._own_loop_ringer()
     wait_for(lambda: not ringer.waiting, "the first send to start")
     for _ in range(5):
-        live._ring()
+        doorbell._ring()
     held_layer.release.set()
     ringer.drain(TIMEOUT)
     ringer.drain(TIMEOUT)  # the second one was asked for from the loop's own queue
@@ -121,7 +121,7 @@ def test_rings_outside_the_server_share_one_redis_connection(settings, monkeypat
     from redis.asyncio.connection import AbstractConnection
 
     layer = redis_layer(settings)
-    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
     opened: list[str] = []
     connect = AbstractConnection.connect
 
@@ -135,13 +135,13 @@ def test_rings_outside_the_server_share_one_redis_connection(settings, monkeypat
     # apart from the rings' by the thread.
     loop = asyncio.new_event_loop()
     channel = loop.run_until_complete(layer.new_channel())
-    loop.run_until_complete(layer.group_add(live.DOORBELL_GROUP, channel))
+    loop.run_until_complete(layer.group_add(doorbell.DOORBELL_GROUP, channel))
     try:
         for _ in range(5):
-            live._ring()
+            doorbell._ring()
             assert loop.run_until_complete(asyncio.wait_for(layer.receive(channel), TIMEOUT)) == {"type": "events.committed"}
     finally:
-        loop.run_until_complete(layer.group_discard(live.DOORBELL_GROUP, channel))
+        loop.run_until_complete(layer.group_discard(doorbell.DOORBELL_GROUP, channel))
         loop.close()
     ringing = [name for name in opened if name != threading.current_thread().name]
     assert len(ringing) <= 1  # none when an earlier test's ring opened it
@@ -149,19 +149,19 @@ def test_rings_outside_the_server_share_one_redis_connection(settings, monkeypat
 
 def test_a_forked_child_rings_on_a_loop_of_its_own(settings, monkeypatch):
     layer = redis_layer(settings)
-    monkeypatch.setattr(live, "SERVER_LOOP", None)
+    monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(live.DOORBELL_GROUP, channel)
+    async_to_sync(layer.group_add)(doorbell.DOORBELL_GROUP, channel)
     try:
-        live._ring()  # the parent's loop thread exists now
+        doorbell._ring()  # the parent's loop thread exists now
         async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT)
-        parent = live._own_loop_ringer()
+        parent = doorbell._own_loop_ringer()
         pid = os.fork()
         if pid == 0:  # the child: ring, wait for the send, say whether the loop was its own
             code = 1
             try:
-                live._ring()
-                ringer = live._own_loop_ringer()
+                doorbell._ring()
+                ringer = doorbell._own_loop_ringer()
                 ringer.drain(TIMEOUT)
                 code = 0 if ringer is not parent and ringer.sent == 1 else 2
             finally:
@@ -171,20 +171,20 @@ def test_a_forked_child_rings_on_a_loop_of_its_own(settings, monkeypatch):
         # The child's ring reached the group.
         assert async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT) == {"type": "events.committed"}
     finally:
-        async_to_sync(layer.group_discard)(live.DOORBELL_GROUP, channel)
+        async_to_sync(layer.group_discard)(doorbell.DOORBELL_GROUP, channel)
 
 
 def test_the_ring_reaches_a_socket_in_the_group(monkeypatch):
-    monkeypatch.setattr(live, "SERVER_LOOP", None)
-    monkeypatch.setattr(live, "SERVING", True)  # an in-memory layer is rung only in the server
+    monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
+    monkeypatch.setattr(doorbell, "SERVING", True)  # an in-memory layer is rung only in the server
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(live.DOORBELL_GROUP, channel)
+    async_to_sync(layer.group_add)(doorbell.DOORBELL_GROUP, channel)
     try:
-        live._ring()
+        doorbell._ring()
         assert async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT) == {"type": "events.committed"}
     finally:
-        async_to_sync(layer.group_discard)(live.DOORBELL_GROUP, channel)
+        async_to_sync(layer.group_discard)(doorbell.DOORBELL_GROUP, channel)
 
 
 # ------------------------------------------------------------------------------ embedded mode
@@ -195,34 +195,34 @@ def embedded(settings, monkeypatch, tmp_path_factory):
     var = Path(tmp_path_factory.mktemp("bell"))
     settings.VAR_DIR = var
     settings.CHANNEL_LAYER_URL = "memory://"
-    monkeypatch.setattr(live, "SERVER_LOOP", None)
-    monkeypatch.setattr(live, "SERVING", False)
+    monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
+    monkeypatch.setattr(doorbell, "SERVING", False)
     return var
 
 
 def test_outside_the_server_a_commit_rings_the_embedded_server_by_datagram(embedded, monkeypatch):
     layer = InMemoryChannelLayer()
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(doorbell, "get_channel_layer", lambda: layer)
 
     async def hear_one() -> dict:
-        async with live.embedded_doorbell():
-            assert live.embedded_doorbell_path().exists()
+        async with doorbell.embedded_doorbell():
+            assert doorbell.embedded_doorbell_path().exists()
             channel = await layer.new_channel()
-            await layer.group_add(live.DOORBELL_GROUP, channel)
+            await layer.group_add(doorbell.DOORBELL_GROUP, channel)
             # A commit's ring, from a thread of no server (the loop here stands for the server's).
-            await asyncio.get_running_loop().run_in_executor(None, live._ring)
+            await asyncio.get_running_loop().run_in_executor(None, doorbell._ring)
             return await layer.receive(channel)
 
     assert asyncio.run(asyncio.wait_for(hear_one(), TIMEOUT)) == {"type": "events.committed"}
-    assert not live.embedded_doorbell_path().exists()  # removed when the server stops
+    assert not doorbell.embedded_doorbell_path().exists()  # removed when the server stops
 
 
 def test_with_no_server_listening_the_ring_is_dropped_quietly(embedded, caplog):
-    live._ring()
-    path = live.embedded_doorbell_path()
+    doorbell._ring()
+    path = doorbell.embedded_doorbell_path()
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stale:  # a server that died
         stale.bind(str(path))
-    live._ring()
+    doorbell._ring()
     assert "doorbell" not in caplog.text
 
 
@@ -246,14 +246,14 @@ def test_a_commit_in_another_process_wakes_the_servers_long_polls_without_the_ta
     # Far beyond the wait below: only a ring can wake the doorbell in time.
     monkeypatch.setattr(longpoll, "TAIL_POLL_SECONDS", 600)
     layer = InMemoryChannelLayer()
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(doorbell, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(longpoll, "get_channel_layer", lambda: layer)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DATABASE_URL": test_asgi.test_database_url(),
            "COUNTERSIGN_VAR_DIR": str(embedded), "PORT": str(settings.PORT), "CHANNEL_LAYER_URL": "memory://",
            "TENANT": str(tenant.id)}
 
     async def serve() -> int:
-        async with live.embedded_doorbell():
+        async with doorbell.embedded_doorbell():
             bell = longpoll.Doorbell.for_loop()
             async with bell.waiting():
                 before = bell.rings

@@ -81,13 +81,13 @@ def test_a_dispatch_runs_one_commit_hook_per_commit_the_doorbell(run_at_once, mo
     worker both are the events doorbell's ring (a Redis round trip), and nothing else."""
     from django.db import transaction
 
-    from console import live
+    from console import doorbell
 
     operation = run_at_once()
     rings: list[str] = []
     registered: list[object] = []
-    monkeypatch.setattr(live, "SERVING", True)  # the ring is registered as in a worker with Redis
-    monkeypatch.setattr(live, "_ring", lambda: rings.append("ring"))
+    monkeypatch.setattr(doorbell, "SERVING", True)  # the ring is registered as in a worker with Redis
+    monkeypatch.setattr(doorbell, "_ring", lambda: rings.append("ring"))
     on_commit = transaction.on_commit
 
     def recording(func, using=None, robust=False):
@@ -98,5 +98,5 @@ def test_a_dispatch_runs_one_commit_hook_per_commit_the_doorbell(run_at_once, mo
 
     assert dispatcher.run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
 
-    assert registered == [live._ring, live._ring]
+    assert registered == [doorbell._ring, doorbell._ring]
     assert rings == ["ring", "ring"]
