@@ -26,6 +26,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
+from console.lib import datagram
+
 logger = logging.getLogger(__name__)
 
 
@@ -180,9 +182,6 @@ def _send_last_rings() -> None:
 # Embedded mode: the server listens on a UNIX datagram socket in VAR_DIR (one per PORT, as the
 # server is one per PORT); a commit in another process (the worker) sends one datagram there, and
 # the server turns it into a ring of its in-memory layer on its loop.
-_sender: tuple[int, socket.socket] | None = None
-
-
 def embedded_doorbell_path() -> Path:
     from django.conf import settings
 
@@ -190,16 +189,8 @@ def embedded_doorbell_path() -> Path:
 
 
 def _ring_embedded_server() -> None:
-    global _sender
-    sender = _sender
-    if sender is None or sender[0] != os.getpid():
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        sender = _sender = (os.getpid(), sock)
-    try:
-        sender[1].sendto(b"r", str(embedded_doorbell_path()))
-    except (FileNotFoundError, ConnectionRefusedError, BlockingIOError):
-        pass  # no server, a stale socket, or the server is behind (it has a ring to read anyway)
+    # No server, a stale socket, or the server is behind (it has a ring to read anyway): dropped.
+    datagram.send(str(embedded_doorbell_path()))
 
 
 @contextlib.asynccontextmanager

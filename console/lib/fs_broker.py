@@ -34,36 +34,18 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
+from console.lib import datagram
+
 logger = logging.getLogger(__name__)
 
 WAKE_FOLDER = "wake"  # inside the data folder: kombu only reads "<anything>.<queue>.msg" there
 DEFAULT_FALLBACK_INTERVAL = 1.0
-
-_sender: tuple[int, socket.socket] | None = None  # (pid, socket): a forked child makes its own
 
 
 def bell_folder(folder: str, queue: str) -> str:
     # A digest, not the name: queue names are long (Celery's "<node>.celery.pidbox") and a
     # socket's path is limited to 107 bytes.
     return os.path.join(folder, WAKE_FOLDER, hashlib.blake2s(queue.encode(), digest_size=8).hexdigest())
-
-
-def _send(path: str) -> bool:
-    """One datagram to `path`, never blocking. False when nobody is bound there any more."""
-    global _sender
-    if _sender is None or _sender[0] != os.getpid():
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        _sender = (os.getpid(), sock)
-    try:
-        _sender[1].sendto(b"\0", path)
-    except ConnectionRefusedError:
-        return False
-    except OSError:
-        # Gone meanwhile (ENOENT), or its queue of datagrams is full (EAGAIN): the consumer has
-        # datagrams waiting and lists the folder anyway.
-        pass
-    return True
 
 
 def ring(folder: str, queue: str) -> None:
@@ -75,7 +57,7 @@ def ring(folder: str, queue: str) -> None:
         return  # no consumer ever bound one: nobody to wake, the file waits for them
     for name in names:
         target = os.path.join(path, name)
-        if not _send(target):
+        if not datagram.send(target):
             # Left by a consumer killed before it could unlink it; its name is never bound again.
             try:
                 os.unlink(target)
@@ -110,7 +92,7 @@ class Bell:
                 return
 
     def ring(self) -> None:
-        _send(self.path)
+        datagram.send(self.path)
 
     def close(self) -> None:
         self.sock.close()

@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from console import doorbell
+from console.lib.procs import wait_until
 from console.lib.transitions import record_event
 from console.models import Event
 from tests import asgi as test_asgi
@@ -28,10 +28,7 @@ TIMEOUT = 30  # an upper bound on a wait for a condition, never a measure
 
 
 def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {TIMEOUT} s for {what}"
-        time.sleep(0.01)
+    wait_until(condition, timeout=TIMEOUT, what=what, interval=0.01)
 
 
 def commit_an_event(tenant, entity_id: str = "t") -> None:
@@ -230,6 +227,7 @@ CHILD_COMMIT = """
 import django, os
 django.setup()
 from django.db import transaction
+from console.lib.procs import wait_until
 from console.lib.transitions import record_event
 from console.models import Event
 with transaction.atomic():
