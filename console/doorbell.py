@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 # Consumers wait on the event table; after a commit that wrote events, this group is rung so
-# they look at once. The bell carries no data (the table does): a lost ring (channels_redis
-# drops over capacity, a datagram the server did not read) only costs the poll interval, never an
+# they look at once. The bell carries no data (the table does): a lost ring (published
+# while a listener reconnects, a datagram the server did not read) only costs the poll interval, never an
 # update.
 DOORBELL_GROUP = "events"
 RING = {"type": "events.committed"}

@@ -12,6 +12,7 @@ import hmac
 import os
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONCE
@@ -348,15 +349,21 @@ CIRCUIT_COOLDOWN_SECONDS = env.float("CIRCUIT_COOLDOWN_SECONDS", 5.0, validate=R
 
 # --- Channels -------------------------------------------------------------------------------
 CHANNEL_LAYER_URL = env.str("CHANNEL_LAYER_URL", "memory://", validate=_schemes("memory", "redis", "rediss"))
-if CHANNEL_LAYER_URL.startswith("memory://"):
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-else:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [CHANNEL_LAYER_URL], "capacity": 1000},
-        }
-    }
+
+
+def channel_layers(url: str) -> dict:
+    """The channel layer carries only the events doorbell (console/doorbell.py): a ring without
+    data, lost at worst. On Redis it is publish/subscribe (a ring is one PUBLISH, not a queue per
+    listener to fill and expire). Redis's channels ignore the database number, so the names carry
+    it: deployments (and test processes) on other databases of one server do not ring each other."""
+    if url.startswith("memory://"):
+        return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    database = urlsplit(url).path.lstrip("/") or "0"
+    return {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                        "CONFIG": {"hosts": [url], "prefix": f"countersign.{database}"}}}
+
+
+CHANNEL_LAYERS = channel_layers(CHANNEL_LAYER_URL)
 # Live views tail the event table; this is how often each server process looks for new rows.
 LIVE_POLL_SECONDS = env.float("LIVE_POLL_SECONDS", 0.25, validate=Range(min=0.01))
 

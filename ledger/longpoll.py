@@ -25,7 +25,7 @@ from console.live import latest_event_id
 from ledger.selectors import call_operation_statuses
 
 # A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
-# it looks again after this long: a ring can be lost (channels-redis drops over capacity).
+# it looks again after this long: a ring can be lost (published while the listener reconnects to Redis).
 FALLBACK_POLL_SECONDS = 2.0
 # With an in-memory layer the doorbell also watches the event table's tail, one query per this
 # interval per event loop however many polls wait: a commit of another process rings this one by
@@ -159,7 +159,7 @@ class Doorbell:
                     return await asyncio.wait_for(asyncio.shield(watch.future),
                                                   timeout=min(FALLBACK_POLL_SECONDS, remaining))
                 except TimeoutError:
-                    # A ring can be lost (channels-redis drops over capacity): look anyway.
+                    # A ring can be lost (published during a reconnect): look anyway.
                     self._request_check()
             return watch.future.result() if watch.future.done() else None
         finally:

@@ -111,6 +111,25 @@ def test_rings_asked_for_while_one_waits_are_sent_as_one(held_layer):
     assert len(held_layer.sent) == 2
 
 
+class Listener:
+    """A channel in the doorbell's group, on an event loop of the test's own: a publish/subscribe
+    layer's channel lives on the loop that made it (each `async_to_sync` call may run on another)."""
+
+    def __init__(self, layer) -> None:
+        self.layer, self.loop = layer, asyncio.new_event_loop()
+        self.channel = self.loop.run_until_complete(layer.new_channel())
+        self.loop.run_until_complete(layer.group_add(doorbell.DOORBELL_GROUP, self.channel))
+
+    def receive(self) -> dict:
+        return self.loop.run_until_complete(asyncio.wait_for(self.layer.receive(self.channel), TIMEOUT))
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.layer.group_discard(doorbell.DOORBELL_GROUP, self.channel))
+        finally:
+            self.loop.close()
+
+
 def redis_layer(settings):
     if not settings.CHANNEL_LAYER_URL.startswith("redis"):
         pytest.skip("a Redis channel layer (CHANNEL_LAYER_URL=redis://...)")
@@ -133,28 +152,63 @@ def test_rings_outside_the_server_share_one_redis_connection(settings, monkeypat
     monkeypatch.setattr(AbstractConnection, "connect", counting_connect)
     # The test listens on one loop of its own, in this thread: the connections it opens are told
     # apart from the rings' by the thread.
-    loop = asyncio.new_event_loop()
-    channel = loop.run_until_complete(layer.new_channel())
-    loop.run_until_complete(layer.group_add(doorbell.DOORBELL_GROUP, channel))
+    listener = Listener(layer)
     try:
         for _ in range(5):
             doorbell._ring()
-            assert loop.run_until_complete(asyncio.wait_for(layer.receive(channel), TIMEOUT)) == {"type": "events.committed"}
+            assert listener.receive() == {"type": "events.committed"}
     finally:
-        loop.run_until_complete(layer.group_discard(doorbell.DOORBELL_GROUP, channel))
-        loop.close()
+        listener.close()
     ringing = [name for name in opened if name != threading.current_thread().name]
     assert len(ringing) <= 1  # none when an earlier test's ring opened it
 
 
+def layer_on(url: str):
+    from django.utils.module_loading import import_string
+
+    from console.settings import channel_layers
+
+    config = channel_layers(url)["default"]
+    return import_string(config["BACKEND"])(**config.get("CONFIG", {}))
+
+
+def test_a_deployment_on_another_redis_database_does_not_hear_the_rings(settings):
+    # Redis's publish and subscribe ignore the database number: the layer's names must not.
+    redis_layer(settings)
+    base, database = settings.CHANNEL_LAYER_URL.rsplit("/", 1)
+    other = f"{base}/{int(database) + 1}"  # this test process's broker database: no layer there
+    ours, same, theirs = (layer_on(settings.CHANNEL_LAYER_URL), layer_on(settings.CHANNEL_LAYER_URL),
+                          layer_on(other))
+
+    async def rings_heard() -> tuple[bool, bool]:
+        channel = await ours.new_channel()
+        await ours.group_add(doorbell.DOORBELL_GROUP, channel)
+        try:
+            await theirs.group_send(doorbell.DOORBELL_GROUP, dict(doorbell.RING))
+            await same.group_send(doorbell.DOORBELL_GROUP, {**doorbell.RING, "from": "same"})
+            first = await asyncio.wait_for(ours.receive(channel), TIMEOUT)
+            # Theirs was sent first: had it arrived, it would have been the first message.
+            heard_same = first.get("from") == "same"
+            try:
+                await asyncio.wait_for(ours.receive(channel), 0.5)
+                heard_more = True
+            except TimeoutError:
+                heard_more = False
+            return heard_same, heard_more
+        finally:
+            await ours.group_discard(doorbell.DOORBELL_GROUP, channel)
+            for layer in (ours, same, theirs):
+                await layer.flush()
+
+    assert async_to_sync(rings_heard)() == (True, False)
+
+
 def test_a_forked_child_rings_on_a_loop_of_its_own(settings, monkeypatch):
-    layer = redis_layer(settings)
+    listener = Listener(redis_layer(settings))
     monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(doorbell.DOORBELL_GROUP, channel)
     try:
         doorbell._ring()  # the parent's loop thread exists now
-        async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT)
+        listener.receive()
         parent = doorbell._own_loop_ringer()
         pid = os.fork()
         if pid == 0:  # the child: ring, wait for the send, say whether the loop was its own
@@ -169,22 +223,20 @@ def test_a_forked_child_rings_on_a_loop_of_its_own(settings, monkeypatch):
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         # The child's ring reached the group.
-        assert async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT) == {"type": "events.committed"}
+        assert listener.receive() == {"type": "events.committed"}
     finally:
-        async_to_sync(layer.group_discard)(doorbell.DOORBELL_GROUP, channel)
+        listener.close()
 
 
 def test_the_ring_reaches_a_socket_in_the_group(monkeypatch):
     monkeypatch.setattr(doorbell, "SERVER_LOOP", None)
     monkeypatch.setattr(doorbell, "SERVING", True)  # an in-memory layer is rung only in the server
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(doorbell.DOORBELL_GROUP, channel)
+    listener = Listener(get_channel_layer())
     try:
         doorbell._ring()
-        assert async_to_sync(asyncio.wait_for)(layer.receive(channel), TIMEOUT) == {"type": "events.committed"}
+        assert listener.receive() == {"type": "events.committed"}
     finally:
-        async_to_sync(layer.group_discard)(doorbell.DOORBELL_GROUP, channel)
+        listener.close()
 
 
 # ------------------------------------------------------------------------------ embedded mode
