@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections
 
+from console import doorbell
 from console.doorbell import DOORBELL_GROUP
 from console.live import latest_event_id
 from ledger.selectors import call_operation_statuses
@@ -80,7 +81,9 @@ def _read(watches: list[tuple[int, _Watch]]) -> tuple[dict[int, str], dict[int, 
 
 class Doorbell:
     """The events doorbell for the long-polls of one event loop: one channel-layer listener
-    however many polls wait, subscribed with the first and dropped with the last.
+    however many polls wait, subscribed with the first. On the server's loop it stays for the
+    process's life (a poll after a quiet spell does not subscribe again, nor wait for a Redis
+    receiver that went idle); on any other loop (`async_to_sync`, tests) it goes with the last.
 
     Each ring reads, in one query, the status of every call a poll waits on (`watch`), and
     answers the polls that status answers (`_Watch.answered_by`) with the status read. A poll
@@ -243,7 +246,7 @@ class Doorbell:
             yield self
         finally:
             self.waiters -= 1
-            if not self.waiters:
+            if not self.waiters and self.loop is not doorbell.SERVER_LOOP:
                 await self._stop()
 
     async def _stop(self) -> None:

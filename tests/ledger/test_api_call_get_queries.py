@@ -216,3 +216,38 @@ def test_a_ring_during_the_read_that_answered_a_poll_does_not_build_its_answer_a
 
     assert asyncio.run(scenario()) == ("dispatched", "dispatched")
     assert built == [call.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("servers_loop", [True, False])
+def test_the_servers_listener_stays_after_the_last_poll_others_stop_with_it(monkeypatch, servers_loop):
+    # A poll after a quiet spell must not subscribe again: on Redis publish/subscribe a fresh
+    # subscription can wait for a receiver that went idle. The server's loop lives as long as the
+    # process; a loop of `async_to_sync` or a test does not, and its bell stops with its last poll.
+    from console import doorbell
+
+    subscriptions = []
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(doorbell, "SERVER_LOOP", loop if servers_loop else None)
+        bell = longpoll.Doorbell.for_loop()
+        subscribe = bell._subscribe
+
+        async def counted():
+            subscriptions.append(1)
+            await subscribe()
+
+        monkeypatch.setattr(bell, "_subscribe", counted)
+        for _ in range(2):
+            async with bell.waiting():
+                pass
+        return bell.listener is not None and not bell.listener.done(), longpoll.Doorbell.for_loop() is bell
+
+    if servers_loop:
+        assert asyncio.run(scenario()) == (True, True)
+        assert subscriptions == [1]
+    else:
+        assert asyncio.run(scenario()) == (False, False)
+        assert subscriptions == [1, 1]
