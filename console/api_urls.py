@@ -14,7 +14,7 @@ urlpatterns = [
     path("tasks/<str:task_id>", runs_api.TaskGetApi.as_view(), name="api-task-get"),
     path("tasks/<str:task_id>/lease", runs_api.TaskLeaseApi.as_view(), name="api-task-lease"),
     path("tasks/<str:task_id>/transition", runs_api.TaskTransitionApi.as_view(), name="api-task-transition"),
-    path("tasks/<str:task_id>/calls", ledger_api.CallProposeApi.as_view(), name="api-call-propose"),
+    path("tasks/<str:task_id>/calls", ledger_api.propose_call, name="api-call-propose"),
     path("operations/<str:operation_id>", ledger_api.OperationGetApi.as_view(), name="api-operation-get"),
     path("tools", approvals_api.ToolListApi.as_view(), name="api-tool-list"),
     # Async (not DRF): a long-poll sleeps on the event loop instead of holding a thread. A call

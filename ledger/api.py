@@ -9,11 +9,13 @@ database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -40,6 +42,7 @@ from console.api import (
 from console.lib.errors import DomainError, InvalidInput
 from ledger.answers import DecisionSerializer, OperationOutputSerializer, decision_body
 from ledger.longpoll import Doorbell, db_hop
+from ledger.models import Operation
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, Proposal, call_dry_run, call_propose
 from ledger.selectors import (
     CALL_STATUSES,
@@ -188,8 +191,13 @@ class CallProposeApi(APIView):
             "201: a new operation. 200: answered from the ledger (a repeat of the call ID, the same step "
             "under a new call ID, or a refusal). A repeat with the same arguments is answered before any "
             "version or token check; the same call ID with other arguments is 422. With `dry_run: true`, 200 "
-            "with the gate's verdict (CallDryRunOutput) and nothing written."
+            "with the gate's verdict (CallDryRunOutput) and nothing written. With `wait`, a call the gate runs "
+            "at once is answered when it is final (or when `wait` runs out, with its status then): one request "
+            "proposes and waits. A call held for people is answered at once."
         ),
+        parameters=[OpenApiParameter(
+            "wait", {"type": "number", "minimum": 0},
+            description="Seconds (0–30) to wait for the outcome of a call the gate runs at once.")],
         request=PolymorphicProxySerializer(component_name="CallProposeInput", resource_type_field_name=None,
                                            serializers=[ProposalInputSerializer, DryRunInputSerializer]),
         responses={
@@ -200,6 +208,7 @@ class CallProposeApi(APIView):
         },
     )
     def post(self, request, task_id: str):
+        wait = _parse_wait(request.query_params.get("wait"))
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -212,8 +221,11 @@ class CallProposeApi(APIView):
             tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],
             fencing_token=data["fencing_token"],
         )
-        return Response(proposal_body(proposal, request),
-                        status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK)
+        response = Response(proposal_body(proposal, request),
+                            status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK)
+        # For `propose_call`, which waits for the outcome when asked to (not part of the body).
+        response.proposal, response.wait = proposal, wait
+        return response
 
 
 def proposal_body(proposal: Proposal, request) -> dict[str, Any]:
@@ -235,6 +247,47 @@ def proposal_body(proposal: Proposal, request) -> dict[str, Any]:
         "task_version": proposal.task_version,
         "result": proposal.result,
     }
+
+
+_propose_in_request_thread = sync_to_async(CallProposeApi.as_view(), thread_sensitive=True)
+
+
+@csrf_exempt
+async def propose_call(request: HttpRequest, task_id: str) -> HttpResponse:
+    """`CallProposeApi`, and with `?wait=` the outcome of a call the gate ran at once: the answer
+    waits (on the event loop, holding no thread, as the long-poll does) until the call is final
+    or the wait runs out, then carries its status and result. The proposal itself runs as any
+    sync view does, in the request's thread."""
+    if not request.GET.get("wait"):
+        return await _propose_in_request_thread(request, task_id=task_id)
+    bell = Doorbell.for_loop()
+    async with bell.waiting():
+        # Rings heard from here on may be for a commit the proposal's answer does not show.
+        since = bell.rings
+        response = await _propose_in_request_thread(request, task_id=task_id)
+        proposal, wait = getattr(response, "proposal", None), getattr(response, "wait", 0.0)
+        if (proposal is None or proposal.call_pk is None or wait <= 0 or proposal.outcome.final
+                or proposal.decision != Decision.DISPATCHED):
+            return response  # an error, a dry run, a final answer, or held for people
+        answer = partial(_proposal_now, request, proposal, response.status_code)
+        moved = await bell.watch(proposal.call_pk, proposal.status, wait, since=since, answer=answer,
+                                 until=FINAL_STATUSES)
+    if moved is not None and moved[1] is not None:
+        return moved[1]
+    return await db_hop(answer)()
+
+
+def _proposal_now(request: HttpRequest, proposal: Proposal, status_code: int) -> HttpResponse:
+    """The proposal's answer with its operation's status and result as they are now."""
+    current, result = Operation.objects.values_list("status", "result").get(pk=proposal.operation_id)
+    now = replace(proposal, status=current, result=result,
+                  outcome=replace(proposal.outcome, final=current in FINAL_STATUSES))
+    return _json(proposal_body(now, request), status_code=status_code)
+
+
+# drf-spectacular documents any URL whose callback names an APIView class.
+propose_call.cls = CallProposeApi
+propose_call.initkwargs = {}
 
 
 class OperationGetApi(APIView):

@@ -84,6 +84,7 @@ class Proposal:
     result: Any = None  # the operation's result, once it has one (a repeat of a call that ran)
     created: bool = False  # this proposal created the operation (HTTP 201)
     repeat: bool = False  # answered from the ledger for a call ID seen before
+    call_pk: int | None = None  # the call's row: what a proposal that waits for the outcome watches
 
 
 def call_propose(
@@ -269,7 +270,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             return Proposal(
                 call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
-                risk_tier=result.risk_tier, created=True,
+                risk_tier=result.risk_tier, created=True, call_pk=written[0],
                 outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 
@@ -418,7 +419,7 @@ def _repeat(call: Call, *, task: Task, step_id: str, tool_name: str, args_hash: 
             task_id=task.task_id, task_version=task.version, reasons=reasons, risk_tier=refusal.get("risk_tier"),
             outcome=refusal_outcome(reasons=reasons, at=call.created_at), repeat=True,
         )
-    return _answer(operation, task=task, call_id=call.call_id, repeat=True, policy=policy)
+    return _answer(operation, task=task, call_id=call.call_id, repeat=True, policy=policy, call_pk=call.pk)
 
 
 def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task, call_id: str,
@@ -442,7 +443,7 @@ def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task,
             raise _LostRace
         return _repeat(call, task=task, step_id=operation.step.step_id, tool_name=operation.tool.name,
                        args_hash=args_hash, policy=policy)
-    answer = _answer(operation, task=task, call_id=call_id, policy=policy)
+    answer = _answer(operation, task=task, call_id=call_id, policy=policy, call_pk=written[0][0])
     record_event(
         entity=CALL_ENTITY, entity_id=call_id, tenant_id=task.tenant_id, kind=Event.Kind.CALL_MAPPED,
         to_status=answer.decision,
@@ -454,7 +455,7 @@ def _regenerated(operation: Operation, *, principal: AgentPrincipal, task: Task,
 
 
 def _answer(operation: Operation, *, task: Task, call_id: str, policy: catalog.Catalog,
-            repeat: bool = False) -> Proposal:
+            repeat: bool = False, call_pk: int | None = None) -> Proposal:
     approval = operation_approval(operation, call_id=call_id)
     decision, reasons = operation_decision(operation, approval)
     if decision == Decision.DISPATCHED:
@@ -466,7 +467,7 @@ def _answer(operation: Operation, *, task: Task, call_id: str, policy: catalog.C
         approval_id=approval.approval_id if approval is not None else None,
         reasons=tuple(reasons), risk_tier=operation.risk_tier,
         approvals_needed=approval.approvals_needed if approval is not None else 0,
-        repeat=repeat, outcome=operation_outcome(operation, approval), result=operation.result,
+        repeat=repeat, outcome=operation_outcome(operation, approval), result=operation.result, call_pk=call_pk,
     )
 
 

@@ -262,6 +262,9 @@ class CountedRequests:
     def polls(self) -> list[dict]:
         return [query for method, path, query in self.sent if method == "GET" and path.startswith("/api/v1/calls/")]
 
+    def proposals(self) -> list[dict]:
+        return [query for method, path, query in self.sent if method == "POST" and path.endswith("/calls")]
+
 
 def counted_client(stack) -> tuple[Client, CountedRequests]:
     counted = CountedRequests()
@@ -270,9 +273,9 @@ def counted_client(stack) -> tuple[Client, CountedRequests]:
     return Client(stack.url, AGENT_TOKEN, http=http), counted
 
 
-def test_a_call_the_gate_runs_is_waited_for_in_one_poll(stack, agent):
-    """The server answers the poll once the call is final (`until=final`), not at `dispatched`:
-    one proposal and one poll per call."""
+def test_a_call_the_gate_runs_is_proposed_and_waited_for_in_one_request(stack, agent):
+    """The proposal asks the server to wait (`?wait=`): it answers once the call is final, so
+    the agent sends one request per call and no poll."""
     client, counted = counted_client(stack)
     with client:
         task = client.start_task(key="thread-one-poll", renew=False, **CONTRACT)
@@ -280,7 +283,22 @@ def test_a_call_the_gate_runs_is_waited_for_in_one_poll(stack, agent):
 
     assert all(result is not None for result in results)
     assert Operation.objects.filter(task_id=task.task_id, status="confirmed").count() == 3
-    assert [query.get("until") for query in counted.polls()] == ["final"] * 3
+    assert [float(query["wait"]) > 0 for query in counted.proposals()] == [True] * 3
+    assert counted.polls() == []
+
+
+def test_a_call_held_for_a_person_is_waited_for_in_one_poll(stack, agent, reviewer):
+    """The server answers a held call's proposal at once; the client then waits in one poll
+    that the server answers once the call is final (`until=final`), not at `approved`."""
+    client, counted = counted_client(stack)
+    with client, ThreadPoolExecutor(1) as pool:
+        task = client.start_task(key="thread-held-poll", renew=False, **CONTRACT)
+        waiting = pool.submit(task.call, "payments.refund", refund("ord-h1", 80), step_id="refund-h1")
+        approval = pending_approval(task.call_id("payments.refund", "refund-h1"))
+        decide(stack, approval.approval_id, "approve", reason="fine")
+        assert waiting.result(timeout=120) is not None
+
+    assert [query.get("until") for query in counted.polls()] == ["final"]
 
 
 def test_a_proposal_answered_final_is_not_polled(stack, agent):
@@ -294,7 +312,7 @@ def test_a_proposal_answered_final_is_not_polled(stack, agent):
     assert [method for method, path, _ in counted.sent if path.endswith("/calls")] == ["POST"]
 
 
-def test_the_async_client_waits_in_one_poll_too(stack, agent):
+def test_the_async_client_proposes_and_waits_in_one_request_too(stack, agent):
     counted = CountedRequests()
 
     async def count(request: httpx.Request) -> None:
@@ -308,4 +326,5 @@ def test_the_async_client_waits_in_one_poll_too(stack, agent):
             return await task.call("payments.refund", refund("ord-pa", 10), step_id="refund-pa")
 
     assert asyncio.run(run()) is not None
-    assert [query.get("until") for query in counted.polls()] == ["final"]
+    assert [float(query["wait"]) > 0 for query in counted.proposals()] == [True]
+    assert counted.polls() == []

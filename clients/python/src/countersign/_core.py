@@ -153,6 +153,16 @@ def verdict_pause(attempt: int) -> float:
     return min(VERDICT_POLL_SECONDS * 2 ** attempt, VERDICT_POLL_MAX_SECONDS)
 
 
+def time_left(until: float | None) -> float | None:
+    return None if until is None else max(0.0, until - time.monotonic())
+
+
+def propose_params(wait: float | None) -> dict[str, Any] | None:
+    """The proposal's query: with `wait`, the server answers a call it runs at once when the
+    call is final (a server without it answers at once, and the client polls as before)."""
+    return {"wait": wait} if wait else None
+
+
 def poll_wait(until: float | None) -> float | None:
     """Seconds the next long-poll may wait, or None when the caller's deadline passed."""
     left = None if until is None else until - time.monotonic()

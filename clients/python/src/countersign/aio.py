@@ -107,10 +107,10 @@ class AsyncTask(_core.TaskState):
             self._renewer = None
 
     async def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str,
-                      call_id: str | None = None) -> dict[str, Any]:
+                      call_id: str | None = None, wait: float | None = None) -> dict[str, Any]:
         path, body = self.propose_request(tool, arguments, step_id, call_id)
         try:
-            return await self.client.request("POST", path, json=body)
+            return await self.client.request("POST", path, json=body, params=_core.propose_params(wait))
         except ApiError as error:
             raise _core.fenced(error) from error
 
@@ -133,10 +133,12 @@ class AsyncTask(_core.TaskState):
 
     async def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str,
                           call_id: str | None = None, timeout: float | None = None) -> dict[str, Any]:
-        proposed = await self.propose(tool, arguments, step_id=step_id, call_id=call_id)
+        until = _core.deadline(timeout)
+        proposed = await self.propose(tool, arguments, step_id=step_id, call_id=call_id,
+                                      wait=_core.poll_wait(until))
         if _core.answers_for_itself(proposed):
             return proposed
-        return await self.wait(proposed["call_id"], timeout=timeout)
+        return await self.wait(proposed["call_id"], timeout=_core.time_left(until))
 
     async def call(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
                    timeout: float | None = None) -> Any:

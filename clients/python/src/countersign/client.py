@@ -118,11 +118,14 @@ class Task(_core.TaskState):
 
     # Calls -------------------------------------------------------------------------------------
 
-    def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None) -> dict[str, Any]:
-        """Proposes the call (a repeat answers from the ledger) and returns the server's answer."""
+    def propose(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
+                wait: float | None = None) -> dict[str, Any]:
+        """Proposes the call (a repeat answers from the ledger) and returns the server's answer;
+        with `wait`, a call the gate runs at once is answered when it is final (at most `wait`
+        seconds), a call held for a person at once."""
         path, body = self.propose_request(tool, arguments, step_id, call_id)
         try:
-            return self.client.request("POST", path, json=body)
+            return self.client.request("POST", path, json=body, params=_core.propose_params(wait))
         except ApiError as error:
             raise _core.fenced(error) from error
 
@@ -138,13 +141,15 @@ class Task(_core.TaskState):
 
     def call_answer(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
                     timeout: float | None = None) -> dict[str, Any]:
-        """Proposes and waits; the last answer, final unless `timeout` passed. A proposal
-        answered final (a refusal, a repeat of a call that ended) is returned as it is, without a
-        poll: it carries `result` but not `receipt` or `attempts` (`wait()` reads them)."""
-        proposed = self.propose(tool, arguments, step_id=step_id, call_id=call_id)
+        """Proposes and waits; the last answer, final unless `timeout` passed. The proposal itself
+        waits for a call the gate runs at once; one answered final (that, a refusal, a repeat of
+        a call that ended) is returned as it is, without a poll: it carries `result` but not
+        `receipt` or `attempts` (`wait()` reads them)."""
+        until = _core.deadline(timeout)
+        proposed = self.propose(tool, arguments, step_id=step_id, call_id=call_id, wait=_core.poll_wait(until))
         if _core.answers_for_itself(proposed):
             return proposed
-        return self.wait(proposed["call_id"], timeout=timeout)
+        return self.wait(proposed["call_id"], timeout=_core.time_left(until))
 
     def call(self, tool: str, arguments: dict[str, Any], *, step_id: str, call_id: str | None = None,
              timeout: float | None = None) -> Any:
