@@ -272,20 +272,20 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
                    task_version=_operation_task_version(operation), attempts=attempts, call_ids=call_ids)
 
 
-def _read_detail(call: Call) -> dict[str, Any]:
-    """`operation_detail` of the call's operation read now, with its tool's name, its step's ID,
-    its task's version, its attempts and its call IDs: one statement (`queries.ANSWER_SQL`),
-    the whole answer of a call the gate ran at once."""
+def read_detail(operation_id: str, *, call_id: str) -> dict[str, Any]:
+    """`operation_detail` of the operation read now (through the call `call_id`), with its
+    tool's name, its step's ID, its task's version, its attempts and its call IDs: one
+    statement (`queries.ANSWER_SQL`), the whole answer of a call the gate ran at once."""
     connection = sql.connection_for(Operation)
-    rows = sql.fetchall(connection, queries.ANSWER_SQL, [call.operation_id, call.operation_id])
+    rows = sql.fetchall(connection, queries.ANSWER_SQL, [operation_id, operation_id])
     row = next((row for row in rows if row[-3] is None), None)
     if row is None:
-        raise Operation.DoesNotExist(f"No operation {call.operation_id}.")
+        raise Operation.DoesNotExist(f"No operation {operation_id}.")
     operation = sql.load(Operation, row, connection=connection, only=queries.ANSWER_OPERATION_FIELDS)
     at = sql.width(Operation, only=queries.ANSWER_OPERATION_FIELDS)
     tool, step_id, task_version = row[at:at + 3]
     attempts, call_ids = _history(rows, at + 3, connection)
-    return _detail(operation, call_id=call.call_id, step_id=step_id, tool=tool, task_version=task_version,
+    return _detail(operation, call_id=call_id, step_id=step_id, tool=tool, task_version=task_version,
                    attempts=attempts, call_ids=call_ids)
 
 
@@ -309,5 +309,5 @@ def call_detail(call: Call, *, fresh: bool = True) -> dict[str, Any]:
     if call.operation_id is None:
         return refused_call_detail(call)
     if fresh or not Call.operation.is_cached(call):
-        return _read_detail(call)
+        return read_detail(call.operation_id, call_id=call.call_id)
     return operation_detail(call.operation, call=call)
