@@ -218,6 +218,8 @@ def _history(rows: list[sql.Row], at: int, connection) -> tuple[list[Attempt], l
 
 def _detail(operation: Operation, *, call_id: str, step_id: str, tool: str, task_version: int,
             attempts: list[Attempt], call_ids: list[str]) -> dict[str, Any]:
+    """The detail of `operation` (a whole row, or the columns `queries.ANSWER_OPERATION_FIELDS`
+    names) with what was read beside it; the decision's reads (approval, event) when it has any."""
     approval = operation_approval(operation, call_id=call_id)
     _, reasons = operation_decision(operation, approval)
     outcome = operation_outcome(operation, approval)
