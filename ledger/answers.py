@@ -1,6 +1,7 @@
 """The call answer, in one shape for every way an agent hears it: the API's call and operation
 reads (`ledger.api`), the MCP server's tool results (`ledger.mcp_server`) and the decision
-webhooks (`ledger.webhooks`) all serialize `ledger.selectors.operation_detail` with these."""
+webhooks (`ledger.webhooks`) all answer `ledger.selectors.operation_detail` with these: built
+directly (`operation_body`), in the shape OperationOutputSerializer documents in the schema."""
 
 from __future__ import annotations
 
@@ -48,17 +49,21 @@ def approval_url(approval_id: str | None, request) -> str | None:
 _DATETIME = serializers.DateTimeField()
 
 
+def _moment(value) -> str | None:
+    return None if value is None else _DATETIME.to_representation(value)
+
+
 def decision_body(outcome, request) -> dict[str, Any]:
     """DecisionSerializer's representation of a CallOutcome, built directly (the proposal's hot
     answer; tests/ledger/test_api_call_propose_body.py holds the two equal)."""
     return {
         "outcome": outcome.outcome,
         "by": outcome.by,
-        "at": None if outcome.at is None else _DATETIME.to_representation(outcome.at),
+        "at": _moment(outcome.at),
         "reason": outcome.reason,
         "approvals_given": outcome.approvals_given,
         "approvals_needed": outcome.approvals_needed,
-        "expires_at": None if outcome.expires_at is None else _DATETIME.to_representation(outcome.expires_at),
+        "expires_at": _moment(outcome.expires_at),
         "url": approval_url(outcome.approval_id, request),
     }
 
@@ -123,6 +128,71 @@ class OperationOutputSerializer(serializers.Serializer):
         ref_name = "Operation"
 
 
+def _attempt_body(attempt: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "number": attempt["number"],
+        "fact": attempt["fact"],
+        "started_at": _moment(attempt["started_at"]),
+        "finished_at": _moment(attempt["finished_at"]),
+        "error_class": attempt["error_class"],
+        "error_code": attempt["error_code"],
+        "latency_ms": attempt["latency_ms"],
+        "stale": attempt["stale"],
+    }
+
+
+def _approval_body(approval: dict[str, Any] | None) -> dict[str, Any] | None:
+    if approval is None:
+        return None
+    return {
+        "approval_id": approval["approval_id"],
+        "status": approval["status"],
+        "call_id": approval["call_id"],
+        "risk_tier": approval["risk_tier"],
+        "approvals_needed": approval["approvals_needed"],
+        "approvals_given": approval["approvals_given"],
+        "reasons": [str(reason) for reason in approval["reasons"]],
+        "arguments_hash": approval["arguments_hash"],
+        "state_version": approval["state_version"],
+        "expires_at": _moment(approval["expires_at"]),
+        "decided_at": _moment(approval["decided_at"]),
+        "pending": approval["pending"],
+    }
+
+
+def operation_body(detail: dict[str, Any], request) -> dict[str, Any]:
+    """OperationOutputSerializer's representation of `ledger.selectors.operation_detail` (or
+    `call_detail`), built directly: the serializer deep-copies its two dozen fields and its nested
+    serializers' on every answer, on the request an agent waits on. The detail holds the types
+    the fields would output (text, integers, booleans, JSON as stored); datetimes are written as
+    the DateTimeField writes them. tests/ledger/test_api_call_answer_body.py holds the two equal
+    for every kind of call."""
+    return {
+        "operation_id": detail["operation_id"],
+        "call_id": detail["call_id"],
+        "task_id": detail["task_id"],
+        "step_id": detail["step_id"],
+        "tool": detail["tool"],
+        "status": detail["status"],
+        "decision": decision_body(detail["decision"], request),
+        "final": detail["final"],
+        "task_version": detail["task_version"],
+        "reasons": [str(reason) for reason in detail["reasons"]],
+        "risk_tier": detail["risk_tier"],
+        "idempotency_key": detail["idempotency_key"],
+        "arguments_hash": detail["arguments_hash"],
+        "attempt_count": detail["attempt_count"],
+        "attempts": [_attempt_body(attempt) for attempt in detail["attempts"]],
+        "receipt": detail["receipt"],
+        "result": detail["result"],
+        "last_error": detail["last_error"],
+        "approval": _approval_body(detail["approval"]),
+        "call_ids": list(detail["call_ids"]),
+        "created_at": _moment(detail["created_at"]),
+        "updated_at": _moment(detail["updated_at"]),
+    }
+
+
 class BaseUrl:
     """What DecisionSerializer asks of a request, outside one: the approval page's absolute URL."""
 
@@ -135,5 +205,4 @@ class BaseUrl:
 
 def answer_json(detail: dict[str, Any], *, base_url: str) -> dict[str, Any]:
     """A call's detail as the JSON the API answers (datetimes as strings, links absolute)."""
-    data = OperationOutputSerializer(detail, context={"request": BaseUrl(base_url)}).data
-    return json.loads(JSONRenderer().render(data))
+    return json.loads(JSONRenderer().render(operation_body(detail, BaseUrl(base_url))))

@@ -40,7 +40,12 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
-from ledger.answers import DecisionSerializer, OperationOutputSerializer, decision_body
+from ledger.answers import (
+    DecisionSerializer,
+    OperationOutputSerializer,
+    decision_body,
+    operation_body,
+)
 from ledger.longpoll import Doorbell, db_hop
 from ledger.models import Operation
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, Proposal, call_dry_run, call_propose
@@ -295,7 +300,7 @@ class OperationGetApi(APIView):
                    responses={200: OperationOutputSerializer, **errors(401, 404)})
     def get(self, request, operation_id: str):
         operation = operation_for_principal(principal=request.user, operation_id=operation_id)
-        return Response(OperationOutputSerializer(operation_detail(operation), context={"request": request}).data)
+        return Response(operation_body(operation_detail(operation), request))
 
 
 # --- GET /calls/{call_id}?wait= (async) ------------------------------------------------------
@@ -325,7 +330,7 @@ def _parse_wait(raw: str | None) -> float:
 
 
 def _call_body(call, request, *, fresh: bool = True) -> dict[str, Any]:
-    return dict(OperationOutputSerializer(call_detail(call, fresh=fresh), context={"request": request}).data)
+    return operation_body(call_detail(call, fresh=fresh), request)
 
 
 def _parse_seen(raw: str | None) -> str | None:

@@ -14,8 +14,8 @@ from approvals import queries as approval_queries
 from approvals.models import PolicyGeneration, Tool
 from console.lib import sql
 from console.models import AgentPrincipal, Tenant
-from ledger.models import Call, Operation, ToolCircuit
-from runs.models import Lease, Task
+from ledger.models import Attempt, Call, Operation, ToolCircuit
+from runs.models import Lease, Step, Task
 
 _col = sql.column
 
@@ -92,6 +92,54 @@ def task_sql(vendor: str) -> str:
             f"{sql.for_update(connection, of='t')}")
 
 
+# What a call's answer reads of its operation and of each attempt (ledger.selectors.call_detail),
+# in the models' order, as `sql.columns(..., only=)` selects and `sql.load(..., only=)` reads them.
+ANSWER_OPERATION_FIELDS = ("operation_id", "task", "arguments_hash", "idempotency_key", "risk_tier", "needs_approval",
+                           "status", "attempt_count", "receipt", "result", "last_error", "created_at", "updated_at")
+ANSWER_ATTEMPT_FIELDS = ("id", "number", "started_at", "finished_at", "fact", "error_class", "error_code",
+                         "latency_ms", "stale")
+
+
+def _then_call_ids(before: int, number: int) -> str:
+    """After a SELECT of `before` values (an attempt's among them, its number the `number`th):
+    the operation's call IDs, one row each, in `before` NULLs and (call_id, created_at, id), the
+    rows above having NULL there; attempts in their order, calls in theirs. Two branches only,
+    so PostgreSQL types each NULL column by the other branch."""
+    nulls = "NULL, " * before
+    return (f" UNION ALL SELECT {nulls}{_col(Call, 'call_id', 'c')}, {_col(Call, 'created_at', 'c')}, "
+            f"{_col(Call, 'pk', 'c')} FROM {sql.table(Call)} c WHERE {_col(Call, 'operation', 'c')} = %s "
+            f"ORDER BY {number}, {before + 2}, {before + 3}")
+
+
+_OPERATION_WIDTH = sql.width(Operation, only=ANSWER_OPERATION_FIELDS)
+_ATTEMPT_WIDTH = sql.width(Attempt, only=ANSWER_ATTEMPT_FIELDS)
+_ATTEMPT_NUMBER = ANSWER_ATTEMPT_FIELDS.index("number") + 1
+
+# A call's answer, in one statement: the operation's columns the answer reads, its tool's name,
+# its step's ID and its task's version, once per attempt (once with NULLs without one), then its
+# call IDs (`_then_call_ids`). Parameters: the operation id, twice.
+ANSWER_SQL = (
+    f"SELECT {sql.columns(Operation, 'o', only=ANSWER_OPERATION_FIELDS)}, {_col(Tool, 'name', 't')}, "
+    f"{_col(Step, 'step_id', 's')}, {_col(Task, 'version', 'k')}, "
+    f"{sql.columns(Attempt, 'a', only=ANSWER_ATTEMPT_FIELDS)}, NULL, NULL, NULL "
+    f"FROM {sql.table(Operation)} o "
+    f"JOIN {sql.table(Tool)} t ON {_col(Tool, 'pk', 't')} = {_col(Operation, 'tool', 'o')} "
+    f"JOIN {sql.table(Step)} s ON {_col(Step, 'pk', 's')} = {_col(Operation, 'step', 'o')} "
+    f"JOIN {sql.table(Task)} k ON {_col(Task, 'pk', 'k')} = {_col(Operation, 'task', 'o')} "
+    f"LEFT JOIN {sql.table(Attempt)} a ON {_col(Attempt, 'operation', 'a')} = {_col(Operation, 'pk', 'o')} "
+    f"WHERE {_col(Operation, 'pk', 'o')} = %s"
+    + _then_call_ids(_OPERATION_WIDTH + 3 + _ATTEMPT_WIDTH, _OPERATION_WIDTH + 3 + _ATTEMPT_NUMBER)
+)
+
+# An operation read already (with its tool, step and task): its attempts, then its call IDs
+# (`_then_call_ids`). Parameters: the operation id, twice.
+HISTORY_SQL = (
+    f"SELECT {sql.columns(Attempt, 'a', only=ANSWER_ATTEMPT_FIELDS)}, NULL, NULL, NULL "
+    f"FROM {sql.table(Attempt)} a WHERE {_col(Attempt, 'operation', 'a')} = %s"
+    + _then_call_ids(_ATTEMPT_WIDTH, _ATTEMPT_NUMBER)
+)
+
+
 SHAPES = {
     "claim_sql": sql.Shape(
         tables={"o": Operation, "f": Operation, "t": Tool, "k": Task, "a": AgentPrincipal, "n": Tenant,
@@ -109,4 +157,10 @@ SHAPES = {
         tables={"t": Task, "n": Tenant, "c": Call, "o": Operation, "g": PolicyGeneration},
         params=((Call, "call_id"), (Operation, "operation_id"), (Task, "task_id"), (Task, "tenant")),
         loads=(Task, Tenant), scalars=3),
+    "ANSWER_SQL": sql.Shape(
+        tables={"o": Operation, "t": Tool, "s": Step, "k": Task, "a": Attempt, "c": Call},
+        params=((Operation, "operation_id"), (Call, "operation")), scalars=_OPERATION_WIDTH + 3 + _ATTEMPT_WIDTH + 3),
+    "HISTORY_SQL": sql.Shape(
+        tables={"a": Attempt, "c": Call}, params=((Attempt, "operation"), (Call, "operation")),
+        scalars=_ATTEMPT_WIDTH + 3),
 }

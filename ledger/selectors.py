@@ -11,9 +11,11 @@ from django.db import models
 
 from approvals.gate import Decision
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
+from console.lib import sql
 from console.lib.errors import Conflict, NotFound
 from console.models import AgentPrincipal, Event
-from ledger.models import OPERATION_TERMINAL, Call, Operation, OperationStatus
+from ledger import queries
+from ledger.models import OPERATION_TERMINAL, Attempt, Call, Operation, OperationStatus
 from runs.models import Task
 
 GATE_ACTOR = "system:gate"
@@ -200,10 +202,24 @@ def _operation_task_version(operation: Operation) -> int:
     return _task_version(operation.task_id)
 
 
-def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[str, Any]:
-    """The shape of GET /operations/{id} and GET /calls/{id}. Through a call, `call_id` is that
-    call's ID (which may be a regeneration of the one that created the operation)."""
-    call_id = call.call_id if call is not None else operation.call_id
+def _history(rows: list[sql.Row], at: int, connection) -> tuple[list[Attempt], list[str]]:
+    """The attempts (their columns from `at` on) and the call IDs (the last three columns, NULL
+    on an attempt's row) of `queries.ANSWER_SQL` or `queries.HISTORY_SQL`."""
+    attempts, call_ids = [], []
+    for row in rows:
+        if row[-3] is not None:
+            call_ids.append(row[-3])
+            continue
+        attempt = sql.load(Attempt, row, at, connection=connection, only=queries.ANSWER_ATTEMPT_FIELDS)
+        if attempt is not None:
+            attempts.append(attempt)
+    return attempts, call_ids
+
+
+def _detail(operation: Operation, *, call_id: str, step_id: str, tool: str, task_version: int,
+            attempts: list[Attempt], call_ids: list[str]) -> dict[str, Any]:
+    """The detail of `operation` (a whole row, or the columns `queries.ANSWER_OPERATION_FIELDS`
+    names) with what was read beside it; the decision's reads (approval, event) when it has any."""
     approval = operation_approval(operation, call_id=call_id)
     _, reasons = operation_decision(operation, approval)
     outcome = operation_outcome(operation, approval)
@@ -211,12 +227,12 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
         "operation_id": operation.operation_id,
         "call_id": call_id,
         "task_id": operation.task_id,
-        "step_id": operation.step.step_id,
-        "tool": operation.tool.name,
+        "step_id": step_id,
+        "tool": tool,
         "status": operation.status,
         "decision": outcome,
         "final": outcome.final,
-        "task_version": _operation_task_version(operation),
+        "task_version": task_version,
         "reasons": reasons,
         "risk_tier": operation.risk_tier,
         "idempotency_key": operation.idempotency_key,
@@ -233,16 +249,46 @@ def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[
                 "latency_ms": a.latency_ms,
                 "stale": a.stale,
             }
-            for a in operation.attempts.order_by("number")
+            for a in attempts
         ],
         "receipt": operation.receipt,
         "result": operation.result,
         "last_error": operation.last_error,
         "approval": approval_detail(approval, approvals_given=outcome.approvals_given),
-        "call_ids": list(operation.calls.order_by("created_at", "id").values_list("call_id", flat=True)),
+        "call_ids": call_ids,
         "created_at": operation.created_at,
         "updated_at": operation.updated_at,
     }
+
+
+def operation_detail(operation: Operation, *, call: Call | None = None) -> dict[str, Any]:
+    """The shape of GET /operations/{id} and GET /calls/{id}. Through a call, `call_id` is that
+    call's ID (which may be a regeneration of the one that created the operation). Its attempts
+    and call IDs in one statement (`queries.HISTORY_SQL`); the approval, when the operation
+    needs one, and the event that ended it, when one did, with the ORM."""
+    connection = sql.connection_for(Operation)
+    rows = sql.fetchall(connection, queries.HISTORY_SQL, [operation.pk, operation.pk])
+    attempts, call_ids = _history(rows, 0, connection)
+    return _detail(operation, call_id=call.call_id if call is not None else operation.call_id,
+                   step_id=operation.step.step_id, tool=operation.tool.name,
+                   task_version=_operation_task_version(operation), attempts=attempts, call_ids=call_ids)
+
+
+def read_detail(operation_id: str, *, call_id: str) -> dict[str, Any]:
+    """`operation_detail` of the operation read now (through the call `call_id`), with its
+    tool's name, its step's ID, its task's version, its attempts and its call IDs: one
+    statement (`queries.ANSWER_SQL`), the whole answer of a call the gate ran at once."""
+    connection = sql.connection_for(Operation)
+    rows = sql.fetchall(connection, queries.ANSWER_SQL, [operation_id, operation_id])
+    row = next((row for row in rows if row[-3] is None), None)
+    if row is None:
+        raise Operation.DoesNotExist(f"No operation {operation_id}.")
+    operation = sql.load(Operation, row, connection=connection, only=queries.ANSWER_OPERATION_FIELDS)
+    at = sql.width(Operation, only=queries.ANSWER_OPERATION_FIELDS)
+    tool, step_id, task_version = row[at:at + 3]
+    attempts, call_ids = _history(rows, at + 3, connection)
+    return _detail(operation, call_id=call_id, step_id=step_id, tool=tool, task_version=task_version,
+                   attempts=attempts, call_ids=call_ids)
 
 
 def refused_call_detail(call: Call) -> dict[str, Any]:
@@ -265,7 +311,5 @@ def call_detail(call: Call, *, fresh: bool = True) -> dict[str, Any]:
     if call.operation_id is None:
         return refused_call_detail(call)
     if fresh or not Call.operation.is_cached(call):
-        operation = Operation.objects.select_related("tool", "step", "task").get(pk=call.operation_id)
-    else:
-        operation = call.operation
-    return operation_detail(operation, call=call)
+        return read_detail(call.operation_id, call_id=call.call_id)
+    return operation_detail(call.operation, call=call)

@@ -48,7 +48,7 @@ from ledger.models import (
     WebhookStatus,
 )
 from ledger.queries import RECEIVES_WEBHOOKS_SQL
-from ledger.selectors import operation_detail
+from ledger.selectors import read_detail
 
 MAX_ERROR_CHARS = 500
 USER_AGENT = "Countersign-Webhooks/1"
@@ -84,12 +84,13 @@ def webhooks_plan(operation: Operation, *, from_status: str, to: str) -> list[in
     kinds = _kinds(from_status, to)
     if not kinds or not _receives(operation.principal_id):
         return []
-    fresh = Operation.objects.select_related("tool", "step").get(pk=operation.pk)
-    data = answer_json(operation_detail(fresh), base_url=str(settings.PUBLIC_BASE_URL))
+    # The answer as it stands after the move; the ids below never change.
+    data = answer_json(read_detail(operation.pk, call_id=operation.call_id), base_url=str(settings.PUBLIC_BASE_URL))
     now = timezone.now()
     events = WebhookEvent.objects.bulk_create([
-        WebhookEvent(webhook_id=f"msg_{uuid.uuid4().hex}", tenant_id=fresh.tenant_id, principal_id=fresh.principal_id,
-                     operation=fresh, call_id=fresh.call_id, kind=kind, operation_status=to,
+        WebhookEvent(webhook_id=f"msg_{uuid.uuid4().hex}", tenant_id=operation.tenant_id,
+                     principal_id=operation.principal_id, operation_id=operation.pk, call_id=operation.call_id,
+                     kind=kind, operation_status=to,
                      payload={"type": kind, "timestamp": now.isoformat(), "data": data}, next_attempt_at=now)
         for kind in kinds
     ])

@@ -33,19 +33,32 @@ def connection_for(model: type[models.Model]):
 
 
 @cache
-def _columns(model: type[models.Model], alias: str) -> tuple[str, tuple[models.Field, ...]]:
+def _fields(model: type[models.Model], only: tuple[str, ...] = ()) -> tuple[models.Field, ...]:
+    """`model`'s concrete fields, or those `only` names (in the model's order, the primary key
+    among them)."""
     fields = tuple(model._meta.concrete_fields)
+    if not only:
+        return fields
+    named = tuple(_field(model, name) for name in only)
+    if tuple(field for field in fields if field in named) != named or model._meta.pk not in named:
+        raise ValueError(f"{model.__name__}: name the primary key and the fields in the model's order")
+    return named
+
+
+@cache
+def _columns(model: type[models.Model], alias: str, only: tuple[str, ...] = ()) -> str:
     prefix = f"{alias}." if alias else ""
-    return ", ".join(f'{prefix}"{field.column}"' for field in fields), fields
+    return ", ".join(f'{prefix}"{field.column}"' for field in _fields(model, only))
 
 
-def columns(model: type[models.Model], alias: str = "") -> str:
-    """Every concrete column of `model`, in the order `load` reads them (`alias.` prefixed)."""
-    return _columns(model, alias)[0]
+def columns(model: type[models.Model], alias: str = "", *, only: tuple[str, ...] = ()) -> str:
+    """Every concrete column of `model` (or those of the fields `only` names), in the order
+    `load` reads them (`alias.` prefixed)."""
+    return _columns(model, alias, only)
 
 
-def width(model: type[models.Model]) -> int:
-    return len(model._meta.concrete_fields)
+def width(model: type[models.Model], *, only: tuple[str, ...] = ()) -> int:
+    return len(_fields(model, only))
 
 
 _BARE = re.compile(r"[a-z_][a-z0-9_]*")
@@ -90,30 +103,39 @@ class Shape:
 
 
 @cache
-def _converters(model: type[models.Model], alias: str) -> tuple[tuple[int, tuple, Any], ...]:
+def _converters(model: type[models.Model], alias: str,
+                only: tuple[str, ...] = ()) -> tuple[tuple[int, tuple, Any], ...]:
     connection = connections[alias]
     found = []
-    for index, field in enumerate(model._meta.concrete_fields):
+    for index, field in enumerate(_fields(model, only)):
         convs, col = django_private.db_converters(model, field, connection)
         if convs:
             found.append((index, convs, col))
     return tuple(found)
 
 
-def load(model: type[models.Model], row: Sequence[Any], start: int = 0, *, connection=None):
-    """The instance in `row[start : start + width(model)]` (selected with `columns(model)`), or
-    None when its primary key is NULL (the empty side of an outer join)."""
+@cache
+def _loaded(model: type[models.Model], only: tuple[str, ...]) -> tuple[int, list[str] | None]:
+    fields = _fields(model, only)
+    return fields.index(model._meta.pk), [field.attname for field in fields] if only else None
+
+
+def load(model: type[models.Model], row: Sequence[Any], start: int = 0, *, connection=None,
+         only: tuple[str, ...] = ()):
+    """The instance in `row[start : start + width(model, only=only)]` (selected with
+    `columns(model, only=only)`; with `only`, the other fields are deferred, as `.only()`
+    leaves them), or None when its primary key is NULL (the empty side of an outer join)."""
     connection = connection or connection_for(model)
-    values = list(row[start:start + width(model)])
-    pk_index = model._meta.concrete_fields.index(model._meta.pk)
+    pk_index, names = _loaded(model, only)
+    values = list(row[start:start + width(model, only=only)])
     if values[pk_index] is None:
         return None
-    for index, convs, col in _converters(model, connection.alias):
+    for index, convs, col in _converters(model, connection.alias, only):
         value = values[index]
         for converter in convs:
             value = converter(value, col, connection)
         values[index] = value
-    return model.from_db(connection.alias, None, values)
+    return model.from_db(connection.alias, names, values)
 
 
 def attach(instance: models.Model, field_name: str, related: models.Model | None) -> None:
@@ -163,6 +185,12 @@ def fetchone(connection, sql: str, params: Sequence[Any]) -> Row | None:
     cur = cursor(connection)
     cur.execute(sql, params)
     return cur.fetchone()
+
+
+def fetchall(connection, sql: str, params: Sequence[Any]) -> list[Row]:
+    cur = cursor(connection)
+    cur.execute(sql, params)
+    return cur.fetchall()
 
 
 def _field(model: type[models.Model], name: str) -> models.Field:

@@ -59,6 +59,27 @@ def test_the_empty_side_of_an_outer_join_loads_as_none(agent):
     assert sql.load(Attempt, row, sql.width(Operation)) is None
 
 
+def test_a_row_of_some_columns_loads_them_as_the_orm_does_and_defers_the_others(agent):
+    operation = make_operation(agent)
+    Operation.objects.filter(pk=operation.pk).update(receipt={"id": "r1", "n": [1.5, None]})
+    expected = Operation.objects.get(pk=operation.pk)
+    only = ("operation_id", "needs_approval", "receipt", "created_at")
+
+    row = sql.fetchone(connection, f"SELECT {sql.columns(Operation, 'o', only=only)} FROM ledger_operation o "
+                                   "WHERE o.operation_id = %s", [operation.pk])
+    loaded = sql.load(Operation, row, only=only)
+
+    assert len(row) == sql.width(Operation, only=only) == 4
+    for name in only:
+        assert getattr(loaded, name) == getattr(expected, name), name
+    assert loaded.get_deferred_fields() == {f.attname for f in Operation._meta.concrete_fields} - {
+        Operation._meta.get_field(name).attname for name in only}
+    with pytest.raises(ValueError, match="primary key"):
+        sql.columns(Operation, only=("status",))
+    with pytest.raises(ValueError, match="order"):
+        sql.columns(Operation, only=("status", "operation_id"))
+
+
 def test_update_matches_on_every_equality_and_says_how_many_rows(agent):
     operation = make_operation(agent)
     stamp = timezone.now()

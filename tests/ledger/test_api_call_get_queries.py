@@ -16,7 +16,7 @@ from ledger import services as ledger_services
 from ledger.models import Call
 from ledger.selectors import FINAL_STATUSES, call_detail
 from tests.conftest import AGENT_TOKEN
-from tests.fixtures.api import call_body
+from tests.fixtures.api import call_body, refund
 
 HEADER = f"Bearer {AGENT_TOKEN}"
 
@@ -32,12 +32,12 @@ def propose(api, run, n: int) -> list[dict]:
 
 
 @pytest.mark.django_db
-def test_a_poll_that_needs_no_waiting_is_answered_from_the_agent_the_call_and_two_reads(
+def test_a_poll_that_needs_no_waiting_is_answered_from_the_agent_the_call_and_one_read(
         api, running_task, django_assert_num_queries):
     propose(api, running_task, 1)
-    # The agent; the call with its operation, tool, step and task; its attempts; its call IDs.
-    # No approval is looked up for a call the gate ran at once.
-    with django_assert_num_queries(4):
+    # The agent; the call with its operation, tool, step and task; its attempts and call IDs in
+    # one statement. No approval is looked up for a call the gate ran at once.
+    with django_assert_num_queries(3):
         look = ledger_api._look(request_for(running_task.task_id), HEADER, "call-1", 0.0, None, None)
     assert look.response.status_code == 200
 
@@ -51,13 +51,36 @@ def test_a_poll_that_waits_reads_only_the_agent_and_the_call(api, running_task, 
 
 
 @pytest.mark.django_db
-def test_the_answer_after_a_change_reads_the_operation_its_attempts_and_its_call_ids(
+def test_the_answer_after_a_change_reads_the_operation_its_attempts_and_its_call_ids_in_one_statement(
         api, running_task, django_assert_num_queries):
     [proposed] = propose(api, running_task, 1)
     ledger_services.operation_dispatch(operation_id=proposed["operation_id"], worker="test-worker")
     call = Call.objects.get(call_id="call-1")
+    with django_assert_num_queries(1):
+        response = ledger_api._answer(request_for(running_task.task_id), call)
+    assert response.status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_answer_of_a_held_call_adds_its_approval_and_the_approvals_given(
+        api, running_task, django_assert_num_queries):
+    held = api.post(f"/api/v1/tasks/{running_task.task_id}/calls",
+                    call_body(running_task, arguments=refund(250)), format="json").json()
+    assert held["status"] == "planned"
+    call = Call.objects.get(call_id="call-1")
     with django_assert_num_queries(3):
         response = ledger_api._answer(request_for(running_task.task_id), call)
+    assert response.status_code == 200
+
+
+@pytest.mark.django_db
+def test_an_operation_is_read_with_its_attempts_and_call_ids_in_one_more_statement(
+        api, running_task, django_assert_num_queries):
+    [proposed] = propose(api, running_task, 1)
+    ledger_services.operation_dispatch(operation_id=proposed["operation_id"], worker="test-worker")
+    # The agent, the operation with its tool, step and task, its attempts and call IDs.
+    with django_assert_num_queries(3):
+        response = api.get(f"/api/v1/operations/{proposed['operation_id']}")
     assert response.status_code == 200
 
 
