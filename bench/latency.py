@@ -11,9 +11,11 @@ server, Celery worker, beat, both sandboxes) in a temporary folder on free ports
   and Redis (`--redis`, databases 12 and 13 unless `--redis-dbs`).
 
 A scripted agent (one thread per agent, one task each) proposes `orders.lookup` (L1, run at
-once by the gate) and long-polls `GET /api/v1/calls/{id}?wait=&until=final` (as the Python
-client does: one poll per call unless its wait runs out; `--wait-until change`: one poll per
-status on the way, each naming the last status seen, as before `until`) until the call is final; after
+once by the gate) and waits until the call is final as the Python client does: the proposal
+itself waits (`POST …/calls?wait=`), so a call run at once is one request, and a call still open
+after it is long-polled (`GET /api/v1/calls/{id}?wait=&until=final`). `--wait-until final`: the
+proposal answers at once and one poll waits (the client before `?wait=` on proposals);
+`--wait-until change`: one poll per status on the way, each naming the last status seen; after
 each call it sends `GET /orders/{id}` straight to the payments sandbox and `GET /healthz` to the
 server. Printed per mode and agent count: p50/p95/p99 of the call through Countersign, of the
 direct call and of `/healthz`, the overhead (through − direct), and where the time went, from the
@@ -21,11 +23,11 @@ ledger's own timestamps (same machine, same clock):
 
 | stage    | from → to                                                                    |
 |----------|------------------------------------------------------------------------------|
-| propose  | request sent → the proposal's answer received                                |
+| propose  | request sent → operation created (the proposal's request, up to its insert)   |
 | pickup   | operation created → claimed (`dispatched` event): commit, publish, broker, worker |
 | provider | attempt started → finished (the adapter's HTTP call)                          |
 | receipt  | attempt finished → `confirmed` event                                         |
-| wake     | `confirmed` event → the agent holds the final answer (long-poll, response)    |
+| wake     | `confirmed` event → the agent holds the final answer (the waiting request's answer) |
 
 The floor of the mode is printed first (a committed one-row write, a Redis publish → subscriber
 hop, `/healthz`), and beside each run of several agents the same floor from as many threads at
@@ -65,7 +67,7 @@ from bench.ledger import ensure_database, with_database  # noqa: E402
 TERMINAL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
 TOKEN = "bench-latency-token"
 STAGES = ("propose", "pickup", "provider", "receipt", "wake")
-WAIT_UNTIL = "final"  # --wait-until
+WAIT_UNTIL = "proposal"  # --wait-until
 
 
 def pct(values: list[float], q: float) -> float:
@@ -226,17 +228,18 @@ def start_task(client: httpx.Client, name: str) -> tuple[str, int, int]:
 def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, int], tag: str) -> Sample:
     task_id, version, token = task
     sent = time.time()
-    answer = client.post(f"/api/v1/tasks/{task_id}/calls", json={
-        "call_id": f"call-{tag}", "step_id": f"lookup-{tag}", "tool": "orders.lookup",
-        "arguments": {"order_id": f"ord-{tag}"}, "expected_version": version, "fencing_token": token,
-    }).raise_for_status().json()
+    answer = client.post(f"/api/v1/tasks/{task_id}/calls", params={"wait": 10} if WAIT_UNTIL == "proposal" else None,
+                         json={"call_id": f"call-{tag}", "step_id": f"lookup-{tag}", "tool": "orders.lookup",
+                               "arguments": {"order_id": f"ord-{tag}"}, "expected_version": version,
+                               "fencing_token": token}).raise_for_status().json()
     answered = time.time()
     status = answer.get("status", "")
     polls = 0
-    # As the Python client waits (`until=final`): one poll that the server answers once the
-    # call is final. `change`: a poll per status on the way, each naming the last one seen.
+    # As the Python client waits after the proposal (`until=final`): one poll that the server
+    # answers once the call is final. `change`: a poll per status on the way, each naming the
+    # last one seen.
     while status not in TERMINAL:
-        query = {"until": "final"} if WAIT_UNTIL == "final" else {"seen": status}
+        query = {"seen": status} if WAIT_UNTIL == "change" else {"until": "final"}
         body = client.get(f"/api/v1/calls/{answer['call_id']}",
                           params={"wait": 10, "task_id": task_id, **query}).raise_for_status().json()
         status = body.get("status", "")
@@ -297,7 +300,8 @@ def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple
     stages: dict[str, list[float]] = {name: [] for name in STAGES}
     for sample in samples:
         created, claimed, started, finished, confirmed = times.get(sample.operation_id, (None,) * 5)
-        stages["propose"].append((sample.answered - sample.sent) * 1000)
+        if created:
+            stages["propose"].append((created - sample.sent) * 1000)
         if created and claimed:
             stages["pickup"].append((claimed - created) * 1000)
         if started and finished:
@@ -418,11 +422,13 @@ def report_floor(mode: str, floor: dict[str, list[float]], *, agents: int = 1) -
     for name, values in floor.items():
         print(f"  {name:<22} p50 {pct(values, 50):8.1f}  p99 {pct(values, 99):8.1f} ms")
     # A call that is proposed, claimed and confirmed commits three times, is answered over HTTP
-    # twice (the proposal, the final poll) and crosses Redis twice (broker, doorbell).
+    # once when the proposal waits (else twice: the proposal, the final poll) and crosses Redis
+    # twice (broker, doorbell).
+    requests = 1 if WAIT_UNTIL == "proposal" else 2
     for label, q in (("p50", 50), ("p99", 99)):
         hop = pct(floor["redis hop"], q) if "redis hop" in floor else 0.0
-        least = 3 * pct(floor["commit"], q) + 2 * pct(floor["/healthz"], q) + 2 * hop
-        parts = "3 commits + 2 × /healthz" + (" + 2 Redis hops" if hop else "; the file broker's wake not counted")
+        least = 3 * pct(floor["commit"], q) + requests * pct(floor["/healthz"], q) + 2 * hop
+        parts = f"3 commits + {requests} × /healthz" + (" + 2 Redis hops" if hop else "; the file broker's wake not counted")
         print(f"  {'overhead floor':<22} {label} {least:8.1f} ms  ("
               + (parts if label == "p50" else "the same parts, each at its p99") + ")")
 
@@ -438,8 +444,9 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
     parser.add_argument("--redis-dbs", default="12,13", help="the broker's and the channel layer's databases")
     parser.add_argument("--database-name", default="countersign_bench_latency")
-    parser.add_argument("--wait-until", choices=("final", "change"), default="final",
-                        help="the agent's long-poll: until=final (one per call), or seen= (one per status)")
+    parser.add_argument("--wait-until", choices=("proposal", "final", "change"), default="proposal",
+                        help="how the agent waits: in the proposal (?wait=, as the Python client), in one "
+                             "poll until=final, or in one poll per status (seen=)")
     args = parser.parse_args()
     global WAIT_UNTIL
     WAIT_UNTIL = args.wait_until
