@@ -32,46 +32,88 @@ logger = logging.getLogger(__name__)
 
 
 # Consumers wait on the event table; after a commit that wrote events, this group is rung so
-# they look at once. The bell carries no data (the table does): a lost ring (published
-# while a listener reconnects, a datagram the server did not read) only costs the poll interval, never an
-# update.
+# they look at once. The table is the truth: a lost ring (published while a listener
+# reconnects, a datagram the server did not read) only costs the poll interval, never an update.
 DOORBELL_GROUP = "events"
 RING = {"type": "events.committed"}
+# A ring also says what the commit moved, `moved`: [entity, id, status] of each status its
+# events set (a record created, a transition), so a listener that waits on a few records reads
+# only when one of them moved. Past this many, or from a ring that cannot tell (a datagram, a
+# tail poll), it says nothing: every listener reads.
+MAX_MOVED = 100
+Moved = list[tuple[str, str, str]]
 
 
-def ring_doorbell_on_commit() -> None:
-    """Called by record_event inside a transaction: one ring per transaction, after commit."""
-    if any(entry[1] is _ring for entry in connection.run_on_commit):
-        return  # already rung once for this transaction
-    transaction.on_commit(_ring)
+class TransactionRing:
+    """The one ring of a transaction, sent after it commits, with what its events moved."""
+
+    def __init__(self) -> None:
+        self.moved: Moved = []
+
+    def __call__(self) -> None:
+        _ring(self.moved)
 
 
-def _ring() -> None:
+def ring_doorbell_on_commit(events) -> None:
+    """Called inside a transaction with the event rows it writes: one ring per transaction,
+    after commit, saying what they moved."""
+    from console.models import Event
+
+    moved = [(event.entity, event.entity_id, event.to_status) for event in events
+             if event.kind in (Event.Kind.CREATED, Event.Kind.TRANSITION) and event.to_status]
+    for entry in connection.run_on_commit:
+        if isinstance(entry[1], TransactionRing):  # already rung once for this transaction
+            entry[1].moved += moved
+            return
+    ring = TransactionRing()
+    ring.moved += moved
+    transaction.on_commit(ring)
+
+
+def _ring(moved: Moved | None = None) -> None:
     """After commit, in the committing thread: hand the ring over and return at once. The agent's
-    answer (in the server) or the next step of a dispatch (in a worker) does not wait for it."""
+    answer (in the server) or the next step of a dispatch (in a worker) does not wait for it.
+    `moved`: what the commit moved (None: not known)."""
     from django.conf import settings
 
     try:
         loop = SERVER_LOOP
         if loop is not None and loop.is_running():
-            _ringer_on(loop).ring()
+            _ringer_on(loop).ring(moved)
         elif settings.CHANNEL_LAYER_URL.startswith("memory://"):
             # The in-process layer reaches only this process's sockets: in embedded mode the server
             # is another process, rung by a datagram. Without a server loop here (a test that
             # drives consumers itself) the in-process send is a few queue operations.
             if SERVING:
-                _send_in_thread()
+                _send_in_thread(moved)
             _ring_embedded_server()
         else:
-            _own_loop_ringer().ring()
+            _own_loop_ringer().ring(moved)
     except Exception:  # noqa: BLE001 - the bell is an optimisation; the poll still delivers
         logger.warning("live doorbell failed", exc_info=True)
 
 
-def _send_in_thread() -> None:
+def ring_message(moved: Moved | None) -> dict:
+    if moved is None or len(moved) > MAX_MOVED:
+        return dict(RING)
+    return {**RING, "moved": [list(move) for move in moved]}
+
+
+def moved_in(message: dict) -> Moved | None:
+    """What a ring says moved, None when it does not say (or says it in another shape)."""
+    moved = message.get("moved")
+    if not isinstance(moved, list) or len(moved) > MAX_MOVED:
+        return None
+    if not all(isinstance(move, list | tuple) and len(move) == 3 and all(isinstance(part, str) for part in move)
+               for move in moved):
+        return None
+    return [tuple(move) for move in moved]
+
+
+def _send_in_thread(moved: Moved | None) -> None:
     layer = get_channel_layer()
     if layer is not None:
-        async_to_sync(layer.group_send)(DOORBELL_GROUP, dict(RING))
+        async_to_sync(layer.group_send)(DOORBELL_GROUP, ring_message(moved))
 
 
 class _Ringer:
@@ -84,15 +126,18 @@ class _Ringer:
         self.loop = loop
         self.lock = threading.Lock()
         self.waiting = False
+        self.moved: Moved | None = None  # what the ring waiting to be sent says moved
         self.tasks: set[asyncio.Task] = set()
         self.sent = 0  # rings handed to the layer (tests, bench)
         self.close: Callable[[], None] = lambda: None
 
-    def ring(self) -> None:
+    def ring(self, moved: Moved | None = None) -> None:
         with self.lock:
             if self.waiting:
+                # One ring for both commits: it says what both moved, or nothing if one cannot tell.
+                self.moved = None if self.moved is None or moved is None else self.moved + moved
                 return
-            self.waiting = True
+            self.waiting, self.moved = True, None if moved is None else list(moved)
         self.loop.call_soon_threadsafe(self._start)
 
     def _start(self) -> None:
@@ -103,10 +148,11 @@ class _Ringer:
     async def _send(self) -> None:
         with self.lock:
             self.waiting = False  # from here a new commit needs a ring of its own
+            moved = self.moved
         try:
             layer = get_channel_layer()
             if layer is not None:
-                await layer.group_send(DOORBELL_GROUP, dict(RING))
+                await layer.group_send(DOORBELL_GROUP, ring_message(moved))
                 self.sent += 1
         except Exception:  # noqa: BLE001 - the bell is an optimisation; the poll still delivers
             logger.warning("live doorbell failed", exc_info=True)

@@ -276,7 +276,7 @@ async def propose_call(request: HttpRequest, task_id: str) -> HttpResponse:
             return response  # an error, a dry run, a final answer, or held for people
         answer = partial(_proposal_now, request, proposal, response.status_code)
         moved = await bell.watch(proposal.call_pk, proposal.status, wait, since=since, answer=answer,
-                                 until=FINAL_STATUSES)
+                                 until=FINAL_STATUSES, operation_id=proposal.operation_id)
     if moved is not None and moved[1] is not None:
         return moved[1]
     return await db_hop(answer)()
@@ -430,7 +430,8 @@ async def call_get(request: HttpRequest, call_id: str) -> HttpResponse:
         if look.response is not None:
             return look.response
         moved = await bell.watch(look.call.pk, look.baseline, wait, since=since,
-                                 answer=partial(_answer, request, look.call), until=until)
+                                 answer=partial(_answer, request, look.call), until=until,
+                                 operation_id=look.call.operation_id)
     if moved is not None and moved[1] is not None:
         return moved[1]
     return await db_hop(_answer)(request, look.call)

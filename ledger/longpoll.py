@@ -2,10 +2,12 @@
 and the MCP server's answers and `countersign_wait`: short database hops off the event loop
 (`db_hop`) and a wait that wakes on the events doorbell (`wait_for_change`).
 
-The polls of one event loop wait together: a ring of the doorbell reads the status of every
-call they wait on in one query (not one per poll), and wakes only the polls whose call reached
+The polls of one event loop wait together: a ring of the doorbell reads, in one query (not one
+per poll), the status of the calls it may answer, and wakes only the polls whose call reached
 what they wait for (any status but the one they started from, or one of a set: `until`),
-handing them the status it read."""
+handing them the status it read. A ring that says what its commit moved reads only for the
+polls whose operation moved to a status that may answer them (a poll until final reads nothing
+at `dispatched`); one that does not say reads for every poll."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +24,9 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections
 
 from console import doorbell
-from console.doorbell import DOORBELL_GROUP
+from console.doorbell import DOORBELL_GROUP, Moved, moved_in
 from console.live import latest_event_id
+from ledger.models import Operation
 from ledger.selectors import call_operation_statuses
 
 # A waiting long-poll wakes on the events doorbell (a commit that wrote events). Without a ring
@@ -33,8 +37,17 @@ FALLBACK_POLL_SECONDS = 2.0
 # a datagram (embedded mode, console.doorbell.embedded_doorbell), which can be lost, or not sent at
 # all when no server listens on the socket.
 TAIL_POLL_SECONDS = 1.0
+# What the last this many rings said moved is kept, for a poll that starts watching after them.
+RINGS_REMEMBERED = 256
 
 logger = logging.getLogger(__name__)
+
+
+def _operations(moved: Moved | None) -> dict[str, str] | None:
+    """The operations a ring says moved, each with the last status it says (None: not said)."""
+    if moved is None:
+        return None
+    return {entity_id: status for entity, entity_id, status in moved if entity == Operation.EVENT_ENTITY}
 
 
 def db_hop(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,11 +63,20 @@ def db_hop(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _Watch:
-    __slots__ = ("answer", "baseline", "future", "until")
+    __slots__ = ("answer", "baseline", "future", "operation_id", "until")
 
     def __init__(self, baseline: str, future: asyncio.Future, answer: Callable[[], Any] | None,
-                 until: frozenset[str] | None = None) -> None:
+                 until: frozenset[str] | None = None, operation_id: str | None = None) -> None:
         self.baseline, self.future, self.answer, self.until = baseline, future, answer, until
+        self.operation_id = operation_id
+
+    def may_be_answered_by(self, moved: dict[str, str] | None) -> bool:
+        """Whether a ring that says this (operation → the status it moved to; None: it does not
+        say) may answer this poll: a read is needed. A poll that did not name its operation
+        reads at every ring."""
+        if moved is None or self.operation_id is None:
+            return True
+        return self.operation_id in moved and self.answered_by(moved[self.operation_id])
 
     def answered_by(self, status: str | None) -> bool:
         """Whether this status answers the poll: one of `until`, else any but the baseline."""
@@ -85,10 +107,12 @@ class Doorbell:
     process's life (a poll after a quiet spell does not subscribe again, nor wait for a Redis
     receiver that went idle); on any other loop (`async_to_sync`, tests) it goes with the last.
 
-    Each ring reads, in one query, the status of every call a poll waits on (`watch`), and
-    answers the polls that status answers (`_Watch.answered_by`) with the status read. A poll
+    Each ring reads, in one query, the status of every call a poll waits on (`watch`) that the
+    ring may answer (`_Watch.may_be_answered_by`: all of them when it does not say what moved),
+    and answers the polls that status answers (`_Watch.answered_by`) with the status read. A poll
     marks `rings` before it reads its call: a ring heard since (a commit between its read and
-    its watch) makes its watch look at once instead of waiting for the next ring."""
+    its watch) that may answer it makes its watch look at once instead of waiting for the next
+    ring."""
 
     _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -103,34 +127,54 @@ class Doorbell:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.rings = 0
+        # What the last rings said moved (operation → status, or None), by ring number: for a
+        # poll that starts watching after rings it may have missed.
+        self.said: deque[tuple[int, dict[str, str] | None]] = deque(maxlen=RINGS_REMEMBERED)
         self.waiters = 0
         self.listener: asyncio.Task | None = None
         self.starting = asyncio.Lock()
         self.watches: dict[int, list[_Watch]] = {}
         self.checker: asyncio.Task | None = None
         self.check_wanted = False
+        self.wanted: set[int] | None = set()  # the calls the next read is for; None: every one
         self.reads = 0  # status reads made for the watches (one per ring, however many wait)
 
-    def _ring(self) -> None:
+    def _ring(self, moved: Moved | None = None) -> None:
         self.rings += 1
+        operations = _operations(moved)
+        self.said.append((self.rings, operations))
         if self.watches:
-            self._request_check()
+            self._request_check({call_pk for call_pk, watches in self.watches.items()
+                                 if any(watch.may_be_answered_by(operations) for watch in watches)})
 
-    def _request_check(self) -> None:
+    def _request_check(self, call_pks: set[int] | None = None) -> None:
+        """Read the status of these watched calls (None: of every one) soon."""
+        if call_pks is not None and not call_pks:
+            return
+        if self.wanted is not None:
+            self.wanted = None if call_pks is None else self.wanted | call_pks
         self.check_wanted = True
         if self.checker is None or self.checker.done():
             self.checker = self.loop.create_task(self._check())
+
+    def _missed(self, since: int, watch: _Watch) -> bool:
+        """Whether rings heard since `since` (before the watch began) may answer it."""
+        said = [operations for number, operations in self.said if number > since]
+        if len(said) < self.rings - since:
+            return True  # older than what is remembered: read
+        return any(watch.may_be_answered_by(operations) for operations in said)
 
     async def _check(self) -> None:
         # Rings that come while a read is under way are folded into one more read after it.
         while self.check_wanted and self.watches:
             self.check_wanted = False
+            wanted, self.wanted = self.wanted, set()
             # A poll answered by the last read is still listed until it resumes: not read again
             # (its answer would be built a second time).
             watched = [(call_pk, watch) for call_pk, watches in self.watches.items() for watch in watches
-                       if not watch.future.done()]
+                       if not watch.future.done() and (wanted is None or call_pk in wanted)]
             if not watched:
-                return
+                continue
             try:
                 self.reads += 1
                 statuses, answers = await db_hop(_read)(watched)
@@ -145,17 +189,18 @@ class Doorbell:
                     watch.future.set_result((status, answers.get(id(watch))))
 
     async def watch(self, call_pk: int, baseline: str, wait: float, *, since: int | None,
-                    answer: Callable[[], Any] | None = None,
-                    until: frozenset[str] | None = None) -> tuple[str, Any] | None:
+                    answer: Callable[[], Any] | None = None, until: frozenset[str] | None = None,
+                    operation_id: str | None = None) -> tuple[str, Any] | None:
         """Once the call's status differs from `baseline` (with `until`: once it is one of
         those): that status and `answer()` (None if building it failed), called in the database
         hop that read the status. None after `wait` seconds. `since`: the `rings` count before
-        the caller read `baseline` (None: read now)."""
-        watch = _Watch(baseline, self.loop.create_future(), answer, until)
+        the caller read `baseline` (None: read now). `operation_id`, the call's operation: the
+        watch then reads only at rings that say it moved to a status that may answer it."""
+        watch = _Watch(baseline, self.loop.create_future(), answer, until, operation_id)
         self.watches.setdefault(call_pk, []).append(watch)
         try:
-            if since is None or since != self.rings:
-                self._request_check()
+            if since is None or (since != self.rings and self._missed(since, watch)):
+                self._request_check({call_pk})
             deadline = self.loop.time() + wait
             while (remaining := deadline - self.loop.time()) > 0:
                 try:
@@ -210,14 +255,14 @@ class Doorbell:
         try:
             while True:
                 try:
-                    await layer.receive(channel)
+                    message = await layer.receive(channel)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # noqa: BLE001 - the fallback poll still answers
                     logger.warning("long-poll doorbell receive failed", exc_info=True)
                     await asyncio.sleep(1)
                     continue
-                self._ring()
+                self._ring(moved_in(message) if isinstance(message, dict) else None)
         finally:
             with contextlib.suppress(Exception):
                 await layer.group_discard(DOORBELL_GROUP, channel)

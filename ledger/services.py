@@ -380,11 +380,12 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
     (the caller's insert lost a race) takes both with it."""
     if operation.status != OperationStatus.AUTHORIZED or OperationStatus.AUTHORIZED not in Operation.TRANSITIONS[OperationStatus.PLANNED]:
         raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
-    ring_doorbell_on_commit()
-    _enqueue_dispatch_on_commit(operation)
-    return [
+    events = [
         _created_row(operation, actor=actor, to_status=OperationStatus.PLANNED),
         event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
                   kind=Event.Kind.TRANSITION, from_status=OperationStatus.PLANNED, to_status=OperationStatus.AUTHORIZED, actor=authorized_by, reason=reason,
                   evidence=evidence),
     ]
+    ring_doorbell_on_commit(events)
+    _enqueue_dispatch_on_commit(operation)
+    return events

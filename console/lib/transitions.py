@@ -54,7 +54,7 @@ def event_row(
 
 def record_events(rows: list[Event]) -> list[Event]:
     """Append event rows built by `event_row` in one statement (inside the caller's transaction)."""
-    ring_doorbell_on_commit()
+    ring_doorbell_on_commit(rows)
     ids = sql.insert(Event, [sql.values_of(row) for row in rows], returning=("id",))
     for row, (pk,) in zip(rows, ids, strict=True):
         row.pk = pk
@@ -130,7 +130,7 @@ def transition(
             updated = 0 if written is None else 1
             if updated:
                 pks = written[1:]
-                ring_doorbell_on_commit()
+                ring_doorbell_on_commit([event])
     if updated != 1:
         raise Conflict(
             f"{model.EVENT_ENTITY} {obj.pk} changed while moving from {current} to {to}; read it again.",

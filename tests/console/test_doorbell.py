@@ -67,7 +67,46 @@ def test_a_transaction_with_two_events_rings_once_after_commit(tenant, django_ca
         for n in range(2):
             record_event(entity="task", entity_id=f"t{n}", tenant_id=tenant.id, kind=Event.Kind.CREATED,
                          to_status="queued", actor="a")
-    assert [cb for cb in callbacks if cb is doorbell._ring] == [doorbell._ring]
+    rings = [cb for cb in callbacks if isinstance(cb, doorbell.TransactionRing)]
+    assert len(rings) == 1
+    assert rings[0].moved == [("task", "t0", "queued"), ("task", "t1", "queued")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ring_says_what_the_transactions_events_moved(held_layer, tenant):
+    # What moved rides along (the long-polls read only for what concerns them); the table stays the truth.
+    held_layer.release.set()
+    with transaction.atomic():
+        record_event(entity="operation", entity_id="op_1", tenant_id=tenant.id, kind=Event.Kind.CREATED,
+                     to_status="planned", actor="a")
+        # Not a move: its to_status is the provider's answer.
+        record_event(entity="operation", entity_id="op_1", tenant_id=tenant.id, kind=Event.Kind.PROVIDER_ANSWER,
+                     to_status="found", actor="a")
+        record_event(entity="operation", entity_id="op_1", tenant_id=tenant.id, kind=Event.Kind.TRANSITION,
+                     from_status="planned", to_status="authorized", actor="a")
+    wait_for(lambda: held_layer.sent, "the ring")
+    assert held_layer.sent[0][1] == {"type": "events.committed",
+                                     "moved": [["operation", "op_1", "planned"], ["operation", "op_1", "authorized"]]}
+
+
+def test_rings_sent_as_one_say_what_each_moved_or_nothing_past_the_limit(held_layer):
+    doorbell._ring([("operation", "op_0", "confirmed")])  # held: its send has started
+    ringer = doorbell._own_loop_ringer()
+    wait_for(lambda: not ringer.waiting, "the first send to start")
+    doorbell._ring([("operation", "op_1", "dispatched")])
+    doorbell._ring([("operation", "op_2", "confirmed")])
+    held_layer.release.set()
+    ringer.drain(TIMEOUT)
+    ringer.drain(TIMEOUT)
+    assert [message.get("moved") for _, message, _, _ in held_layer.sent] == [
+        [["operation", "op_0", "confirmed"]], [["operation", "op_1", "dispatched"], ["operation", "op_2", "confirmed"]]]
+
+    held_layer.sent.clear()
+    doorbell._ring([("operation", f"op_{n}", "expired") for n in range(doorbell.MAX_MOVED + 1)])
+    doorbell._ring(None)  # a ring that cannot say what moved
+    ringer.drain(TIMEOUT)
+    ringer.drain(TIMEOUT)
+    assert all("moved" not in message for _, message, _, _ in held_layer.sent) and held_layer.sent
 
 
 @pytest.mark.django_db(transaction=True)
@@ -77,8 +116,8 @@ def test_the_committing_thread_does_not_wait_for_the_ring(held_layer, tenant):
     assert held_layer.sent == []
     held_layer.release.set()
     wait_for(lambda: held_layer.sent, "the ring")
-    assert [(group, message, released) for group, message, released, _ in held_layer.sent] == [
-        (doorbell.DOORBELL_GROUP, {"type": "events.committed"}, True)]
+    assert [(group, message["type"], released) for group, message, released, _ in held_layer.sent] == [
+        (doorbell.DOORBELL_GROUP, "events.committed", True)]
 
 
 @pytest.mark.django_db(transaction=True)

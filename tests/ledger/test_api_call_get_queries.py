@@ -274,3 +274,77 @@ def test_the_servers_listener_stays_after_the_last_poll_others_stop_with_it(monk
     else:
         assert asyncio.run(scenario()) == (False, False)
         assert subscriptions == [1, 1]
+
+
+def confirm(operation_id: str) -> None:
+    _, attempt = ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
+    ledger_services.operation_record_outcome(operation_id=operation_id, attempt_number=attempt.number,
+                                             fencing_token=attempt.fencing_token, fact="known_success",
+                                             receipt={"id": "re_1"})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_ring_that_says_what_moved_reads_only_for_the_polls_it_may_answer(api, running_task, monkeypatch):
+    """A ring says what its commit moved: a poll until final reads nothing at `dispatched`, nor at
+    another record's move; it reads, alone, when its operation became final. A ring that does not
+    say (a datagram, a tail poll) reads for every poll, as before."""
+    proposed = propose(api, running_task, 2)
+    calls = [Call.objects.get(call_id=f"call-{n}") for n in (1, 2)]
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+    reads = []
+    real = longpoll.call_operation_statuses
+
+    def counted(call_pks):
+        reads.append(sorted(call_pks))
+        return real(call_pks)
+
+    monkeypatch.setattr(longpoll, "call_operation_statuses", counted)
+    first, second = (answer["operation_id"] for answer in proposed)
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        polls = [asyncio.create_task(bell.watch(call.pk, "authorized", 30, since=bell.rings, until=FINAL_STATUSES,
+                                                operation_id=call.operation_id)) for call in calls]
+        await asyncio.sleep(0)
+        await longpoll.db_hop(ledger_services.operation_dispatch)(operation_id=first, worker="test-worker")
+        bell._ring([("operation", first, "dispatched")])
+        bell._ring([("task", running_task.task_id, "running"), ("operation", "op_other", "confirmed")])
+        await longpoll.db_hop(confirm)(second)
+        bell._ring([("operation", second, "dispatched"), ("operation", second, "confirmed")])
+        answered = await polls[1]
+        assert not polls[0].done()
+        bell._ring(None)
+        for _ in range(100):
+            if len(reads) == 2:
+                break
+            await asyncio.sleep(0.01)
+        polls[0].cancel()
+        return answered
+
+    assert asyncio.run(scenario()) == ("confirmed", None)
+    assert reads == [[calls[1].pk], [calls[0].pk]]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_rings_heard_before_the_poll_watches_make_it_read_only_if_they_may_answer_it(api, running_task, monkeypatch):
+    [proposed] = propose(api, running_task, 1)
+    call = Call.objects.get(call_id="call-1")
+    monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
+
+    async def scenario():
+        bell = longpoll.Doorbell(asyncio.get_running_loop())
+        since = bell.rings
+        bell._ring([("operation", "op_other", "confirmed")])  # nobody watches yet; not this call
+        quiet = await bell.watch(call.pk, "authorized", 0.2, since=since, until=FINAL_STATUSES,
+                                 operation_id=call.operation_id)
+        reads_then = bell.reads
+        since = bell.rings
+        await longpoll.db_hop(confirm)(proposed["operation_id"])
+        bell._ring([("operation", proposed["operation_id"], "confirmed")])  # before the watch: this call
+        moved = await bell.watch(call.pk, "authorized", 30, since=since, until=FINAL_STATUSES,
+                                 operation_id=call.operation_id)
+        return quiet, reads_then, moved
+
+    assert asyncio.run(scenario()) == (None, 0, ("confirmed", None))

@@ -3,7 +3,7 @@ the call is final (or when `wait` runs out, with the status as it is then), not 
 it passes on the way (`dispatched`), so an agent waits once instead of once per status.
 
 As in test_api_call_get, the ledger moves from a thread of its own, started by signals from the
-view and from the doorbell's shared read — no sleeps."""
+view and from the doorbell — no sleeps."""
 
 from __future__ import annotations
 
@@ -24,23 +24,19 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-def statuses_read(monkeypatch) -> dict[str, threading.Event]:
-    """An event per status the doorbell's shared read found for a waiting poll."""
-    seen: dict[str, threading.Event] = {}
-    real = longpoll.call_operation_statuses
+def rings_heard(monkeypatch) -> threading.Event:
+    """Set when the doorbell of a waiting poll has taken in a ring: read what it may answer, or
+    known from what the ring says moved that nothing it may answer did."""
+    heard = threading.Event()
+    real = longpoll.Doorbell._ring
 
-    def spy(call_pks):
-        statuses = real(call_pks)
-        for status in statuses.values():
-            seen.setdefault(status, threading.Event()).set()
-        return statuses
+    def spy(self, moved=None):
+        real(self, moved)
+        if self.watches:
+            heard.set()
 
-    monkeypatch.setattr(longpoll, "call_operation_statuses", spy)
-    return seen
-
-
-def read(statuses_read: dict[str, threading.Event], status: str) -> threading.Event:
-    return statuses_read.setdefault(status, threading.Event())
+    monkeypatch.setattr(longpoll.Doorbell, "_ring", spy)
+    return heard
 
 
 def in_thread(*steps: Callable[[], object]) -> threading.Thread:
@@ -73,17 +69,15 @@ def record(operation_id: str, fact: str, **kwargs):
     (Fact.KNOWN_FAILURE, {"error_class": "declined"}, "failed"),
 ])
 def test_it_does_not_answer_at_dispatched_and_answers_once_the_call_is_final(
-        proposed, poll_started, statuses_read, fact, kwargs, final):  # noqa: F811
+        proposed, poll_started, rings_heard, fact, kwargs, final):  # noqa: F811
     operation_id = proposed["operation_id"]
-    # The call is dispatched; only once the waiting poll's doorbell has read `dispatched` (and
+    # The call is dispatched; only once the waiting poll's doorbell has taken in that ring (and
     # not answered) does the outcome come.
-    changer = in_thread(lambda: poll_started.wait(20), dispatch(operation_id),
-                        lambda: read(statuses_read, "dispatched").wait(20),
-                        record(operation_id, fact, **kwargs))
+    changer = in_thread(lambda: poll_started.wait(20), rings_heard.clear, dispatch(operation_id),
+                        lambda: rings_heard.wait(20), record(operation_id, fact, **kwargs))
     response = get("/api/v1/calls/call-1", wait=30, until="final")
     changer.join(timeout=30)
 
-    assert read(statuses_read, "dispatched").is_set()
     body = response.json()
     assert (body["status"], body["final"]) == (final, True)
     assert [attempt["number"] for attempt in body["attempts"]] == [1]
@@ -112,16 +106,16 @@ def test_a_refused_call_is_answered_at_once(api, agent):
     assert (body["status"], body["final"]) == ("refused", True)
 
 
-def test_a_poll_that_runs_out_answers_the_status_as_it_is(proposed, poll_started, statuses_read):  # noqa: F811
+def test_a_poll_that_runs_out_answers_the_status_as_it_is(proposed, poll_started, rings_heard):  # noqa: F811
     # Dispatched while the poll waits, never confirmed: the poll answers `dispatched` when its
     # wait runs out, not at the move.
-    changer = in_thread(lambda: poll_started.wait(20), dispatch(proposed["operation_id"]))
+    changer = in_thread(lambda: poll_started.wait(20), rings_heard.clear, dispatch(proposed["operation_id"]))
     began = time.monotonic()
     response = get("/api/v1/calls/call-1", wait=1.5, until="final")
     changer.join(timeout=30)
 
     assert time.monotonic() - began >= 1.5
-    assert read(statuses_read, "dispatched").is_set()  # the doorbell saw the move and went on waiting
+    assert rings_heard.is_set()  # the doorbell heard the move and went on waiting
     assert (response.json()["status"], response.json()["final"]) == ("dispatched", False)
 
 
