@@ -31,6 +31,20 @@ def propose(api, run, n: int) -> list[dict]:
             for i in range(1, n + 1)]
 
 
+@pytest.fixture
+def reads(monkeypatch) -> list[list[int]]:
+    """The calls each of the doorbell's shared status reads was for."""
+    made: list[list[int]] = []
+    real = longpoll.call_operation_statuses
+
+    def counted(call_pks):
+        made.append(sorted(call_pks))
+        return real(call_pks)
+
+    monkeypatch.setattr(longpoll, "call_operation_statuses", counted)
+    return made
+
+
 @pytest.mark.django_db
 def test_a_poll_that_needs_no_waiting_is_answered_from_the_agent_the_call_and_one_read(
         api, running_task, django_assert_num_queries):
@@ -87,18 +101,10 @@ def test_an_operation_is_read_with_its_attempts_and_call_ids_in_one_more_stateme
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_one_ring_reads_every_waiting_call_once_and_answers_only_the_polls_whose_call_moved(
-        api, running_task, monkeypatch):
+        api, running_task, monkeypatch, reads):
     proposed = propose(api, running_task, 4)
     calls = {call.call_id: call for call in Call.objects.all()}
     monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
-    reads = []
-    real = longpoll.call_operation_statuses
-
-    def counted(call_pks):
-        reads.append(sorted(call_pks))
-        return real(call_pks)
-
-    monkeypatch.setattr(longpoll, "call_operation_statuses", counted)
 
     def moved(operation_ids: list[str]) -> None:
         for operation_id in operation_ids:
@@ -285,21 +291,13 @@ def confirm(operation_id: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
-def test_a_ring_that_says_what_moved_reads_only_for_the_polls_it_may_answer(api, running_task, monkeypatch):
+def test_a_ring_that_says_what_moved_reads_only_for_the_polls_it_may_answer(api, running_task, monkeypatch, reads):
     """A ring says what its commit moved: a poll until final reads nothing at `dispatched`, nor at
     another record's move; it reads, alone, when its operation became final. A ring that does not
     say (a datagram, a tail poll) reads for every poll, as before."""
     proposed = propose(api, running_task, 2)
     calls = [Call.objects.get(call_id=f"call-{n}") for n in (1, 2)]
     monkeypatch.setattr(longpoll, "FALLBACK_POLL_SECONDS", 3600)
-    reads = []
-    real = longpoll.call_operation_statuses
-
-    def counted(call_pks):
-        reads.append(sorted(call_pks))
-        return real(call_pks)
-
-    monkeypatch.setattr(longpoll, "call_operation_statuses", counted)
     first, second = (answer["operation_id"] for answer in proposed)
 
     async def scenario():
