@@ -308,11 +308,11 @@ class Doorbell:
 
 
 async def wait_for_change(call_pk: int, baseline: str, wait: float, *,
-                          until: frozenset[str] | None = None) -> str | None:
+                          until: frozenset[str] | None = None, operation_id: str | None = None) -> str | None:
     """Until the call's status differs from `baseline` (with `until`: is one of those), answered
     with it, or `wait` seconds have passed (None), woken by the doorbell (and at the fallback
-    interval)."""
+    interval); with `operation_id`, only at rings that say it moved (`Doorbell.watch`)."""
     bell = Doorbell.for_loop()
     async with bell.waiting():
-        moved = await bell.watch(call_pk, baseline, wait, since=None, until=until)
+        moved = await bell.watch(call_pk, baseline, wait, since=None, until=until, operation_id=operation_id)
     return moved[0] if moved is not None else None

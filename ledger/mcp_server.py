@@ -137,10 +137,10 @@ class _Sessions:
 # --- reading and waiting ---------------------------------------------------------------------
 
 
-def _call_state(principal: AgentPrincipal, call_id: str, task_id: str) -> tuple[int, str]:
-    """The call and its status, read with it (one query: no detail is built to wait)."""
+def _call_state(principal: AgentPrincipal, call_id: str, task_id: str) -> tuple[int, str, str | None]:
+    """The call, its status and its operation, read with it (one query: no detail is built to wait)."""
     call = call_for_principal(principal=principal, call_id=call_id, task_id=task_id)
-    return call.pk, call_status(call)
+    return call.pk, call_status(call), call.operation_id
 
 
 def _call_body(principal: AgentPrincipal, call_id: str, task_id: str, base_url: str) -> dict[str, Any]:
@@ -154,10 +154,10 @@ async def _wait(principal: AgentPrincipal, call_id: str, task_id: str, seconds: 
     `dispatched`, wake nothing)."""
     if seconds <= 0:
         return
-    call_pk, status = await db_hop(_call_state)(principal, call_id, task_id)
+    call_pk, status, operation_id = await db_hop(_call_state)(principal, call_id, task_id)
     if status in FINAL_STATUSES:
         return
-    await wait_for_change(call_pk, status, seconds, until=FINAL_STATUSES)
+    await wait_for_change(call_pk, status, seconds, until=FINAL_STATUSES, operation_id=operation_id)
 
 
 def _result(body: dict[str, Any]) -> types.CallToolResult:

@@ -34,23 +34,24 @@ def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, age
         return state
 
     monkeypatch.setattr(mcp_server, "_call_state", counted_state)
-    dispatched_read = threading.Event()
-    real_statuses = longpoll.call_operation_statuses
+    dispatch_heard = threading.Event()
+    real_ring = longpoll.Doorbell._ring
 
-    def spied_statuses(call_pks):
-        statuses = real_statuses(call_pks)
-        if "dispatched" in statuses.values():
-            dispatched_read.set()
-        return statuses
+    def spied_ring(self, moved=None):
+        real_ring(self, moved)
+        if self.watches:
+            dispatch_heard.set()
 
-    monkeypatch.setattr(longpoll, "call_operation_statuses", spied_statuses)
+    monkeypatch.setattr(longpoll.Doorbell, "_ring", spied_ring)
 
     def move_on():
-        # Once the waiter read the call: dispatched; once the doorbell read that: confirmed.
+        # Once the waiter read the call: dispatched; once the doorbell took that in (read it, or
+        # knew from the ring that `dispatched` answers nothing): confirmed.
         try:
             read_once.wait(20)
+            dispatch_heard.clear()
             _, attempt = ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
-            dispatched_read.wait(20)
+            dispatch_heard.wait(20)
             ledger_services.operation_record_outcome(
                 operation_id=operation_id, attempt_number=attempt.number, fencing_token=attempt.fencing_token,
                 fact=Fact.KNOWN_SUCCESS, receipt={"id": "re_1"})
@@ -62,6 +63,6 @@ def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, age
     asyncio.run(mcp_server._wait(agent, "call-1", running_task.task_id, 30))
     mover.join(timeout=30)
 
-    assert dispatched_read.is_set()
+    assert dispatch_heard.is_set()
     assert Operation.objects.get(pk=operation_id).status == "confirmed"
     assert reads == ["authorized"]
