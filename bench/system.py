@@ -10,8 +10,8 @@ same run, DBOS doing the same provider call in a workflow step with as many proc
 
 Countersign: each agent is a spawned process with its own task; it proposes `bench.refund` (the
 payments sandbox's refund adapter, L0 write, native idempotency: the gate runs it at once) with
-`POST /api/v1/tasks/{id}/calls`, then long-polls `GET /api/v1/calls/{id}?until=final` until the call
-is final. Agents are spread over the servers; the servers run with production settings as
+`POST /api/v1/tasks/{id}/calls?wait=10` (as the Python client: the proposal answers once the call
+is final), and long-polls `GET /api/v1/calls/{id}?until=final` only while the call is still open. Agents are spread over the servers; the servers run with production settings as
 `make cluster` starts them; the workers consume the fast queue.
 
 DBOS: each process runs a workflow whose one step POSTs the same refund to the same sandbox
@@ -249,8 +249,8 @@ def countersign_agent(index: int, base_url: str, tag: str, barrier, stop, result
 
     http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {AGENT_TOKEN}"}, timeout=60)
 
-    def post(path: str, body: dict) -> dict:
-        response = http.post(path, json=body)
+    def post(path: str, body: dict, params: dict | None = None) -> dict:
+        response = http.post(path, json=body, params=params)
         if response.status_code >= 300:
             raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
         return response.json()
@@ -272,7 +272,7 @@ def countersign_agent(index: int, base_url: str, tag: str, barrier, stop, result
             started = time.monotonic()
             answer = post(f"/api/v1/tasks/{task_id}/calls", {
                 "call_id": order_id, "step_id": order_id, "tool": TOOL, "arguments": {"order_id": order_id, **REFUND},
-                "expected_version": version, "fencing_token": token})
+                "expected_version": version, "fencing_token": token}, params={"wait": 10})
             status = answer.get("status", "")
             while status not in FINAL:
                 answer = http.get(f"/api/v1/calls/{order_id}",
