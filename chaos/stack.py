@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -202,7 +203,8 @@ class ChaosStack:
         if child not in self.worker_children or self._stopping.is_set() or child.uptime < self.stall_seconds:
             return False
         try:
-            return worker_stalled(self.node_name(child), stall_seconds=self.stall_seconds)
+            return worker_stalled(self.node_name(child), stall_seconds=self.stall_seconds,
+                                  started_after=datetime.fromtimestamp(child.started_wall, UTC))
         except Exception:  # noqa: BLE001 - the database may be away (scenario 6); not the worker's fault
             return False
 

@@ -156,9 +156,14 @@ def liveness_report(now: datetime | None = None, *, stall_seconds: float | None 
     )
 
 
-def worker_stalled(name: str, now: datetime | None = None, *, stall_seconds: float | None = None) -> bool:
+def worker_stalled(name: str, now: datetime | None = None, *, stall_seconds: float | None = None,
+                   started_after: datetime | None = None) -> bool:
     """For a supervisor: this worker is alive by its heartbeat, due work has waited longer than
-    WORKER_STALL_SECONDS, and the worker finished no task for that long."""
+    WORKER_STALL_SECONDS, and the worker finished no task for that long. `started_after`: when
+    the supervisor started the worker's process; a row registered before then is a previous
+    process's (this one has not registered yet, e.g. slow to start under load): not stalled."""
+    if started_after is not None and WorkerHeartbeat.objects.filter(name=name, started_at__lt=started_after).exists():
+        return False
     return any(w.name == name and w.stalled for w in liveness_report(now, stall_seconds=stall_seconds).workers)
 
 

@@ -36,6 +36,7 @@ class Child:
     popen: subprocess.Popen | None = None
     log_path: Path | None = None
     started_at: float = 0.0  # time.monotonic() of the last start
+    started_wall: float = 0.0  # time.time() of the last start: to compare with what the child records
 
     @property
     def uptime(self) -> float:
@@ -43,7 +44,7 @@ class Child:
 
     def start(self, *, log_dir: Path | None = None) -> Child:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.started_at = time.monotonic()
+        self.started_at, self.started_wall = time.monotonic(), time.time()
         stdout = None
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)

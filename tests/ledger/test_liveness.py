@@ -76,6 +76,18 @@ def test_a_worker_that_just_started_is_not_stalled_before_it_had_the_time(agent)
     assert not liveness.worker_stalled("fresh@host")
 
 
+def test_a_restarted_worker_is_not_judged_on_its_previous_process_row(agent):
+    # The supervisor restarted the worker 40 s ago; under load the new process has not yet
+    # registered (its start resets the row), so the row, and its silence, are the old process's.
+    due_for(make_operation(agent, status=S.AUTHORIZED), 45)
+    worker("slow-start@host", progressed=None, started=600)
+    restarted = timezone.now() - timedelta(seconds=40)
+
+    assert liveness.worker_stalled("slow-start@host")
+    assert not liveness.worker_stalled("slow-start@host", started_after=restarted)
+    assert liveness.worker_stalled("slow-start@host", started_after=timezone.now() - timedelta(seconds=700))
+
+
 def test_a_worker_whose_heartbeat_stopped_is_not_alive_and_no_live_worker_is_unhealthy(agent):
     worker("gone@host", seen=60)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -52,7 +53,7 @@ def _stall_check(worker_node: str):
             return False
         last["at"] = time.monotonic()
         try:
-            return worker_stalled(worker_node)
+            return worker_stalled(worker_node, started_after=datetime.fromtimestamp(child.started_wall, UTC))
         except Exception:  # noqa: BLE001 - the database being away is not the worker's fault
             return False
 
