@@ -1,6 +1,7 @@
 """Agent API for tool calls and operations (the contract clients rely on: add fields, rename none).
 
-`POST /tasks/{id}/calls` proposes a call (ledger.proposals); `GET /operations/{id}` reads the
+`POST /tasks/{id}/calls` proposes a call (ledger.proposals; with `?wait=` it also waits for the
+outcome of a call the gate runs at once: `propose_call`); `GET /operations/{id}` reads the
 ledger; `GET /calls/{id}?wait=` long-polls. The long-poll is a plain async Django view, not DRF:
 a waiting client must hold no thread of its own, so it sleeps on the event loop and reads the
 database in short, separate hops (`sync_to_async(thread_sensitive=False)`).
