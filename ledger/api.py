@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -255,7 +256,21 @@ def proposal_body(proposal: Proposal, request) -> dict[str, Any]:
     }
 
 
-_propose_in_request_thread = sync_to_async(CallProposeApi.as_view(), thread_sensitive=True)
+_propose_view = CallProposeApi.as_view()
+_propose_in_request_thread = sync_to_async(_propose_view, thread_sensitive=True)
+
+
+def _propose_and_let_go(request: HttpRequest, task_id: str):
+    """The proposal, then its database connection back to the pool (as the end of a request
+    gives it back): a proposal that waits holds none meanwhile, or a few waiting proposals would
+    leave none for the reads that answer them."""
+    try:
+        return _propose_view(request, task_id=task_id)
+    finally:
+        close_old_connections()
+
+
+_propose_and_let_go_in_request_thread = sync_to_async(_propose_and_let_go, thread_sensitive=True)
 
 
 @csrf_exempt
@@ -270,7 +285,7 @@ async def propose_call(request: HttpRequest, task_id: str) -> HttpResponse:
     async with bell.waiting():
         # Rings heard from here on may be for a commit the proposal's answer does not show.
         since = bell.rings
-        response = await _propose_in_request_thread(request, task_id=task_id)
+        response = await _propose_and_let_go_in_request_thread(request, task_id=task_id)
         proposal, wait = getattr(response, "proposal", None), getattr(response, "wait", 0.0)
         if (proposal is None or proposal.call_pk is None or wait <= 0 or proposal.outcome.final
                 or proposal.decision != Decision.DISPATCHED):

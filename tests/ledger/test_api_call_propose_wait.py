@@ -159,3 +159,23 @@ def test_a_waiting_proposal_does_not_hold_up_other_requests(running_task, propos
     other, answered = asyncio.run(scenario())
     assert other.status_code == 200 and other.json()["task_id"] == running_task.task_id
     assert answered.status_code == 201 and answered.json()["status"] == "confirmed"
+
+
+def test_a_waiting_proposal_holds_no_database_connection_while_it_waits(running_task, monkeypatch):
+    """The server's connections are a pool of a few: proposals that each held theirs while they
+    waited would leave none for the reads that answer them (16 agents: 30 s, the pool's timeout)."""
+    if connection.settings_dict.get("CONN_MAX_AGE"):
+        pytest.skip("connections kept per thread (embedded SQLite), not a pool's")
+    held = []
+    real_watch = ledger_api.Doorbell.watch
+
+    async def watch(self, *args, **kwargs):
+        # In the request's thread, where the proposal ran: is its connection still open?
+        held.append(await sync_to_async(lambda: connection.connection is not None)())
+        return await real_watch(self, *args, **kwargs)
+
+    monkeypatch.setattr(ledger_api.Doorbell, "watch", watch)
+    response = post(f"/api/v1/tasks/{running_task.task_id}/calls?wait=0.2", call_body(running_task))
+
+    assert response.status_code == 201
+    assert held == [False]
