@@ -11,15 +11,17 @@ import threading
 import pytest
 from django.db import connection
 
-from ledger import longpoll, mcp_server
+from ledger import mcp_server
 from ledger import services as ledger_services
 from ledger.models import Fact, Operation
 from tests.fixtures.api import call_body
+from tests.ledger.test_api_call_get_until import rings_heard  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
-def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, agent, running_task, monkeypatch):
+def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, agent, running_task, monkeypatch,
+                                                                        rings_heard):  # noqa: F811
     proposed = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task),
                         format="json").json()
     operation_id = proposed["operation_id"]
@@ -34,15 +36,7 @@ def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, age
         return state
 
     monkeypatch.setattr(mcp_server, "_call_state", counted_state)
-    dispatch_heard = threading.Event()
-    real_ring = longpoll.Doorbell._ring
-
-    def spied_ring(self, moved=None):
-        real_ring(self, moved)
-        if self.watches:
-            dispatch_heard.set()
-
-    monkeypatch.setattr(longpoll.Doorbell, "_ring", spied_ring)
+    dispatch_heard = rings_heard
 
     def move_on():
         # Once the waiter read the call: dispatched; once the doorbell took that in (read it, or
