@@ -8,7 +8,6 @@ from approvals.tools import HTTP_ADAPTER, MCP_ADAPTER
 from ledger.adapters.base import Adapter
 from ledger.adapters.configured import HttpToolAdapter
 from ledger.adapters.mail import MailAdapter
-from ledger.adapters.mcp import McpToolAdapter
 from ledger.adapters.noop import NoopAdapter
 from ledger.adapters.payments import OrderLookupAdapter, RefundAdapter
 
@@ -31,5 +30,10 @@ def adapter_for(tool: Tool) -> Adapter:
     if tool.adapter == HTTP_ADAPTER:
         return HttpToolAdapter(tool)
     if tool.adapter == MCP_ADAPTER:
+        # Imported here: the MCP SDK takes about a second to import, which every process (a
+        # worker, a management command, a test's subprocess) would pay at start-up for tools
+        # that most deployments never configure.
+        from ledger.adapters.mcp import McpToolAdapter
+
         return McpToolAdapter(tool)
     return get_adapter(tool.adapter)
