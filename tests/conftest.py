@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.test import override_settings
 
 from approvals.defaults import ensure_policy_defaults
 from approvals.models import Tool
@@ -98,12 +100,20 @@ def _in_process_broker():
     app.conf.task_always_eager = False
 
 
-@pytest.fixture
-def fast_password_hasher(settings):
-    """Opt-in (`pytestmark = pytest.mark.usefixtures("fast_password_hasher")`): users created by
-    the fixtures above cost a PBKDF2 hash each; in-process tests do not need that strength.
-    Not autouse: tests that hand users to another process must keep the real hashers."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+class OneRoundPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """The product's hasher with one round instead of a million. A hash names its rounds
+    (`pbkdf2_sha256$1$…`), so a server or worker started by a test, with the product's own
+    hashers, still verifies it (and upgrades it on first login)."""
+
+    iterations = 1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_round_password_hashes():
+    """Every user the tests make costs a password hash, and one PBKDF2 hash at the product's
+    strength is over half a second of CPU: a large share of the suite's time, testing nothing."""
+    with override_settings(PASSWORD_HASHERS=["tests.conftest.OneRoundPBKDF2PasswordHasher"]):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,6 @@ from tests.conftest import AGENT_TOKEN
 from tests.factories import make_pending_approval
 from tests.fixtures.api import start_task
 
-pytestmark = [pytest.mark.usefixtures("fast_password_hasher")]
-
 # The checks the answers must pass. Left out: `positive_data_acceptance` (a request the schema
 # admits gets a 2xx): the schema cannot state every input check in OpenAPI 3.0's regular
 # expressions — a call ID is checked with `str.isprintable` (Unicode categories, unassigned code

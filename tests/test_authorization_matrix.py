@@ -25,7 +25,7 @@ from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN, make_user
 from tests.factories import make_pending_approval
 from tests.fixtures.api import call_body, refund, start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 ANON, REVIEWER, SUPPORT, ADMIN, AGENT = "anonymous", "reviewer", "support", "admin", "agent"
 B_REVIEWER, B_SUPPORT, B_ADMIN, B_AGENT = "b-reviewer", "b-support", "b-admin", "b-agent"

@@ -12,7 +12,7 @@ from ledger.proposals import call_propose
 from tests.conftest import make_user
 from tests.fixtures.api import refund, start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 LIST = "/audit/"
 

@@ -161,7 +161,7 @@ def admin_client(client, db):
     return client
 
 
-def test_an_admin_sets_a_cap_and_the_next_proposal_obeys_it(admin_client, agent, tenant, fast_password_hasher):
+def test_an_admin_sets_a_cap_and_the_next_proposal_obeys_it(admin_client, agent, tenant):
     run = start_task(agent)
     assert propose(agent, run, 1).decision == "dispatched"  # the gate's cache now holds "no caps"
     response = admin_client.post("/admin/approvals/budgetcap/add/", {
@@ -174,7 +174,7 @@ def test_an_admin_sets_a_cap_and_the_next_proposal_obeys_it(admin_client, agent,
 
 
 def test_the_admin_refuses_a_cap_on_an_agent_and_a_tool_or_on_another_tenants_agent(
-        admin_client, agent, tenant, other_tenant, outsider_agent, policy, fast_password_hasher):
+        admin_client, agent, tenant, other_tenant, outsider_agent, policy):
     both = admin_client.post("/admin/approvals/budgetcap/add/", {
         "tenant": tenant.pk, "agent": agent.pk, "tool": policy["mail.send"].pk, "calls_per_day": 1})
     foreign = admin_client.post("/admin/approvals/budgetcap/add/", {
@@ -245,7 +245,7 @@ def test_a_cost_cap_needs_its_currency_and_no_tool(agent, tenant, policy):
                   cost_currency="USD").full_clean()
 
 
-def test_an_admin_sets_a_cost_cap_and_the_next_proposal_obeys_it(admin_client, agent, tenant, fast_password_hasher):
+def test_an_admin_sets_a_cost_cap_and_the_next_proposal_obeys_it(admin_client, agent, tenant):
     run = start_task(agent)
     assert propose(agent, run, 1).decision == "dispatched"  # the gate's cache now holds "no caps"
     spend(run, tokens_in=1_000_000)  # USD 2

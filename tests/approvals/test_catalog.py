@@ -15,8 +15,6 @@ from console.lib.errors import NotPermitted
 from ledger.proposals import call_propose
 from tests.fixtures.api import refund, start_task
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 CONFIG_TABLES = re.compile(r"approvals_tool\b|approvals_escalationrule|approvals_policytier|allowed_tools")
 
 

@@ -12,7 +12,7 @@ from approvals.selectors import EXPORT_FIELDS
 from ledger import decisions
 from tests.factories import make_pending_approval
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 def csv_rows(response) -> list[dict[str, str]]:

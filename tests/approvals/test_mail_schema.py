@@ -10,8 +10,6 @@ from jsonschema import Draft202012Validator
 from ledger.models import Operation
 from tests.fixtures.api import MAIL, assert_error, call_body
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 
 def propose(api, running_task, **changes):
     arguments = {**MAIL, **changes}

@@ -20,7 +20,7 @@ from ledger import decisions
 from tests.factories import make_pending_approval
 from tests.ledger.test_decisions_edit import propose, refund
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 CONTRACT_KEYS = {"approval_id", "call_id", "tool", "tier", "expires_at", "url"}
 

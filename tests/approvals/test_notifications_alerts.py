@@ -23,7 +23,7 @@ from ledger.models import OperationStatus
 from tests.factories import make_pending_approval
 from tests.fixtures.support import make_operation
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 S = OperationStatus
 

@@ -21,7 +21,7 @@ from tests.conftest import make_user
 from tests.factories import make_pending_approval
 from tests.fixtures.api import start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 def recount(scope) -> dict[int, int]:

@@ -21,7 +21,6 @@ pytestmark = [
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif("connection.vendor != 'postgresql'", reason="needs PostgreSQL's concurrency"),
-    pytest.mark.usefixtures("fast_password_hasher"),
     pytest.mark.timeout(180),
 ]
 

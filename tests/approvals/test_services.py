@@ -25,8 +25,6 @@ from tests.factories import (
     make_operation,
 )
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 A = ApprovalStatus
 S = OperationStatus
 

@@ -12,8 +12,6 @@ from console.lib.errors import InvalidInput
 from tests.conftest import make_agent
 from tests.fixtures.tools import admin_form_data, ticket_tool_fields
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 BASE = "https://tickets.example.com"
 
 

@@ -14,8 +14,6 @@ from django.core.management import CommandError, call_command
 from approvals.models import Tool
 from tests.conftest import make_agent
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 NAMES = {"pay.createRefund", "pay.getRefundByKey", "pay.getRefund", "pay.getOrder"}
 
 

@@ -16,7 +16,7 @@ from tests.asgi import free_port
 from tests.conftest import make_agent
 from tests.fixtures.mcp_upstream import McpToolsServer
 
-pytestmark = [pytest.mark.usefixtures("fast_password_hasher"), pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 NAMES = {"notes.lookup", "notes.create_note", "notes.set_label", "notes.purge", "notes.refuse",
          "notes.slow_write", "notes.slow_label", "notes.credential_seen"}

@@ -10,8 +10,6 @@ from approvals.models import Tool
 from approvals.tools import tool_save
 from tests.fixtures.tools import admin_form_data, ticket_tool_fields
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 SERVER = "https://tools.example.com/mcp"
 
 

@@ -12,7 +12,7 @@ from django.urls import reverse
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tests.ledger.test_decisions_edit import fresh, op, propose, snapshot
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 A = ApprovalStatus
 

@@ -28,8 +28,6 @@ from ledger.models import (
 from runs.models import Lease, Step, Task
 from tests.factories import make_approval_request, make_operation, make_task
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 READ_ONLY = [Operation, Attempt, Call, ApprovalRequest, ApprovalDecision, Event, Task, Step, Lease, WorkerHeartbeat,
              LivenessAlert, WebhookEvent]
 EDITABLE = [Tool, PolicyTier, EscalationRule, AgentPrincipal]

@@ -21,7 +21,7 @@ from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
 from tests.fixtures.api import MAIL, call_body, start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

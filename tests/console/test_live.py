@@ -16,7 +16,6 @@ from tests.factories import make_task
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("fast_password_hasher"),
 ]
 
 PATH = "/ws/live/activity/"

@@ -10,7 +10,7 @@ from django.test import Client
 from console.models import Role
 from tests.conftest import make_user
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 def log_in(client: Client, username: str, password: str, ip: str = "10.0.0.1"):

@@ -18,8 +18,7 @@ from tests.factories import events_of
 from tests.fixtures.mcp_upstream import McpToolsServer, dispatch_on_stack
 from tests.stack import FullStack, HttpAgent
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180),
-              pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 
 @pytest.fixture

@@ -19,8 +19,6 @@ from tests.fixtures.api import start_task
 from tests.fixtures.ticketserver import TicketServer
 from tests.fixtures.tools import ticket_tool_fields
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 
 @pytest.fixture
 def server():

@@ -16,8 +16,7 @@ from ledger.models import Call, Operation
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import MAIL, call_body, refund, start_task
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
-              pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 DECISION_KEYS = {"outcome", "by", "at", "reason", "approvals_given", "approvals_needed", "expires_at", "url"}
 

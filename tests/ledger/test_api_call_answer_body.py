@@ -23,8 +23,6 @@ from ledger.models import Attempt, Call, Fact, Operation
 from ledger.proposals import call_propose
 from tests.fixtures.api import refund, start_task
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 ATTEMPT_KEYS = ("number", "fact", "started_at", "finished_at", "error_class", "error_code", "latency_ms", "stale")
 
 

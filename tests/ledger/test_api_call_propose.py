@@ -11,8 +11,6 @@ from ledger.models import Attempt, Call, Operation
 from tests.conftest import make_user
 from tests.fixtures.api import MAIL, assert_error, call_body, refund
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 
 def url(task_id: str) -> str:
     return f"/api/v1/tasks/{task_id}/calls"

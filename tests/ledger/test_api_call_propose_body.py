@@ -15,8 +15,6 @@ from ledger.models import Operation
 from ledger.proposals import call_propose
 from tests.fixtures.api import call_body, refund, start_task
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 
 def propose(agent, run, *, call_id="call-1", step_id="step-1", arguments=None):
     return call_propose(principal=agent, task_id=run.task_id, call_id=call_id, step_id=step_id,

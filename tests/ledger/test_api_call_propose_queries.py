@@ -11,8 +11,6 @@ from django.db import connection
 
 from tests.fixtures.api import call_body
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 
 def expected() -> int:
     # PostgreSQL: agent, BEGIN, lease, task, step, the one writing statement, COMMIT.

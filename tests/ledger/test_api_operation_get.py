@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from ledger import decisions
 from ledger import services as ledger_services
 from ledger.models import Fact
 from tests.fixtures.api import assert_error, call_body, refund
-
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
 
 def propose(api, run, **kwargs):

@@ -17,7 +17,7 @@ from tests.conftest import AGENT_TOKEN, make_user
 from tests.factories import make_operation, make_pending_approval
 from tests.fixtures.api import start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.conftest import make_user
 from tests.fixtures.api import start_task
 from tests.fixtures.support import make_operation
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 A = ApprovalStatus
 S = OperationStatus

@@ -18,7 +18,7 @@ from ledger.models import Call, Operation, OperationStatus
 from ledger.proposals import call_propose
 from tests.fixtures.api import start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 A = ApprovalStatus
 S = OperationStatus

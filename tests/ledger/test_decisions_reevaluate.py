@@ -13,8 +13,6 @@ from ledger import decisions
 from ledger.models import Operation, OperationStatus
 from tests.factories import events_of, make_pending_approval
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 A = ApprovalStatus
 S = OperationStatus
 

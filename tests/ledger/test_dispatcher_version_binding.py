@@ -15,7 +15,7 @@ from ledger.models import Operation, OperationStatus
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import MAIL, call_body, start_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from ledger.tasks import query_provider
 from tests.fixtures.support import make_operation, make_unknown
 
 S = OperationStatus
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 def events_since(event_id: int) -> list[Event]:

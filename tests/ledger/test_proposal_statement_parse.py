@@ -13,7 +13,7 @@ from console.lib import django_private
 from ledger.proposals import call_propose
 from tests.fixtures.api import refund
 
-pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("fast_password_hasher"),
+pytestmark = [pytest.mark.postgres,
               pytest.mark.skipif("connection.vendor != 'postgresql'", reason="psycopg's parse of a statement")]
 
 

@@ -19,8 +19,6 @@ from runs import services as run_services
 from runs.models import Task
 from tests.fixtures.api import MAIL, RunningTask, refund, start_task
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 
 def propose(agent, run: RunningTask, *, call_id="call-1", step_id="step-1", tool="payments.refund",
             arguments=None, expected_version=None, fencing_token=None):

@@ -18,7 +18,7 @@ from ledger.reconcile import run_reconcile
 from tests.factories import make_operation
 from tests.fixtures.mcp_upstream import McpToolsServer
 
-pytestmark = [pytest.mark.usefixtures("fast_password_hasher"), pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -41,8 +40,6 @@ from ledger.models import (
 from runs import services as run_services
 from runs.models import TASK_TERMINAL, TASK_TRANSITIONS, Lease, Task, TaskStatus
 from tests.factories import make_approval_request, make_operation, make_task
-
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
 S = OperationStatus
 A = ApprovalStatus

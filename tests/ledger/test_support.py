@@ -27,7 +27,6 @@ from tests.fixtures.support import (
 )
 
 S = OperationStatus
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
 
 
 def status_of(operation: Operation) -> str:

@@ -12,7 +12,7 @@ from ledger.models import Operation, OperationStatus
 from tests.fixtures.support import age_last_attempt, make_operation, make_unknown, record_answer
 
 S = OperationStatus
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 QUEUE = "/operations/unknown/"
 

@@ -24,8 +24,6 @@ from ledger.models import OperationStatus, WebhookDelivery, WebhookEvent, Webhoo
 from tests.factories import make_approval_request, make_operation, record_outcome
 from tests.fixtures.webhook_receiver import WebhookReceiver
 
-pytestmark = pytest.mark.usefixtures("fast_password_hasher")
-
 SECRET = standard_webhooks.new_secret()
 S = OperationStatus
 

@@ -20,7 +20,6 @@ from tests.console.test_live import (
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("fast_password_hasher"),
 ]
 
 

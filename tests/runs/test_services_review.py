@@ -12,7 +12,7 @@ from runs.services import task_review_decide, task_transition
 from runs.verification import run_verification
 from tests.factories import make_lease, make_task
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 
 def waiting_review(agent, **fields) -> Task:

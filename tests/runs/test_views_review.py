@@ -15,7 +15,7 @@ from runs.verification import run_verification
 from tests.conftest import AGENT_TOKEN
 from tests.factories import make_operation, make_task, record_outcome
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hasher")]
+pytestmark = pytest.mark.django_db
 
 HUMAN = "The customer confirmed the new address by phone"
 
