@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml clients/python/pyproject.
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist). A test module stays in one process (its module fixtures start
 # once), and modules keep their collection order: browser tests last (tests/conftest.py).
-TEST_WORKERS ?= 2
+# Three on two cores: many tests wait (on a subprocess starting, a provider's timeout, a
+# browser), and a third process fills those waits.
+TEST_WORKERS ?= 3
 
 .PHONY: run cluster test lint chaos bench clean
 
