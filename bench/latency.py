@@ -34,6 +34,12 @@ hop, `/healthz`), and beside each run of several agents the same floor from as m
 once, each with its own connections: what the machine does for that many concurrent clients
 doing only the minimum, to judge "N agents within 2× of one" against.
 
+On PostgreSQL + Redis every agent also sends each call through the pipeline floor
+(`bench/pipeline_floor.py`: the same processes and hops, a bare ASGI app and a bare worker,
+three commits and two Redis hops, no Django or Celery), interleaved with the product's call and
+the direct read: "floor's overhead" is what this architecture costs on this machine at the
+moment of the run, the yardstick for the product's overhead.
+
 Nothing is asserted: the machine is shared and noisy; read medians, repeat, and record figures
 with the machine's load in docs/benchmarks.md.
 """
@@ -63,6 +69,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.ledger import ensure_database, with_database  # noqa: E402
+from bench.pipeline_floor import Pipeline  # noqa: E402
 
 TERMINAL = {"confirmed", "failed", "rejected", "expired", "cancelled", "manual", "compensation_required"}
 TOKEN = "bench-latency-token"
@@ -208,6 +215,7 @@ class Sample:
     direct_ms: float
     healthz_ms: float
     polls: int = 0
+    floor_ms: float | None = None  # the same call through the pipeline floor (PostgreSQL + Redis)
 
 
 def start_task(client: httpx.Client, name: str) -> tuple[str, int, int]:
@@ -225,7 +233,8 @@ def start_task(client: httpx.Client, name: str) -> tuple[str, int, int]:
     return task_id, version, token
 
 
-def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, int], tag: str) -> Sample:
+def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, int], tag: str,
+             floor: httpx.Client | None = None) -> Sample:
     task_id, version, token = task
     sent = time.time()
     answer = client.post(f"/api/v1/tasks/{task_id}/calls", params={"wait": 10} if WAIT_UNTIL == "proposal" else None,
@@ -251,7 +260,12 @@ def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, i
     began = time.perf_counter()
     client.get("/healthz").raise_for_status()
     healthz_ms = (time.perf_counter() - began) * 1000
-    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms, polls)
+    floor_ms = None
+    if floor is not None:
+        began = time.perf_counter()
+        assert floor.post("/call", json={"order_id": f"ord-{tag}"}).raise_for_status().json()["status"] == "confirmed"
+        floor_ms = (time.perf_counter() - began) * 1000
+    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms, polls, floor_ms)
 
 
 def in_threads(count: int, work: Callable[[int], list]) -> list:
@@ -278,14 +292,16 @@ def in_threads(count: int, work: Callable[[int], list]) -> list:
     return [value for values in results for value in values]
 
 
-def run_agents(stack: Stack, agents: int, calls: int, warmup: int) -> list[Sample]:
+def run_agents(stack: Stack, agents: int, calls: int, warmup: int, pipeline: Pipeline | None = None) -> list[Sample]:
     def agent(index: int) -> list[Sample]:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client, \
-                httpx.Client(base_url=stack.payments_url, timeout=30) as direct:
+                httpx.Client(base_url=stack.payments_url, timeout=30) as direct, \
+                httpx.Client(base_url=pipeline.url if pipeline else stack.url, timeout=30) as floor:
             task = start_task(client, f"bench-{agents}-{index}")
             run = f"{agents}x{index}-{time.time_ns()}"
-            samples = [one_call(client, direct, task, f"{run}-{i}") for i in range(warmup + calls)]
+            samples = [one_call(client, direct, task, f"{run}-{i}", floor if pipeline else None)
+                       for i in range(warmup + calls)]
         return samples[warmup:]
 
     return in_threads(agents, agent)
@@ -321,6 +337,10 @@ def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple
     print(line("through Countersign", through))
     print(line("direct to provider", direct))
     print(line("overhead", overhead))
+    floors = [(s.floor_ms, s.direct_ms) for s in samples if s.floor_ms is not None]
+    if floors:
+        print(line("pipeline floor", [f for f, _ in floors]))
+        print(line("floor's overhead", [f - d for f, d in floors]))
     print(line("/healthz", healthz))
     print("  where the time went:")
     for name in STAGES:
@@ -460,15 +480,20 @@ def main() -> None:
             ensure_database(database_url, fresh=True)
         broker_db, layer_db = (int(n) for n in args.redis_dbs.split(","))
         stack = Stack(mode, database_url, args.redis, (broker_db, layer_db)).start()
+        pipeline = None
         try:
+            if mode == "postgres":
+                pipeline = Pipeline(database_url, f"{args.redis}/{broker_db}", stack.payments_url).start()
             report_floor(mode, measure_floor(stack))
             for agents in agent_counts:
-                samples = run_agents(stack, agents, args.calls, args.warmup)
+                samples = run_agents(stack, agents, args.calls, args.warmup, pipeline)
                 report(mode, agents, samples, ledger_times(stack, [s.operation_id for s in samples]))
                 if agents > 1:
                     # Beside the agents' figures: the same floor from as many concurrent clients.
                     report_floor(mode, measure_floor(stack, agents=agents), agents=agents)
         finally:
+            if pipeline:
+                pipeline.stop()
             stack.stop()
 
 
