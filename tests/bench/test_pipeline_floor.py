@@ -1,0 +1,41 @@
+"""The latency benchmark's pipeline floor (bench/pipeline_floor.py) stands for the product's
+path at its least: a call is answered only after every hop the product makes — committed,
+handed through the broker to a worker process, read from the provider, its receipt committed,
+rung back — or the floor would be cheaper than the path it is read against."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from django.db import connection
+
+from bench.pipeline_floor import TABLE, Pipeline
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql" or not os.environ.get("CELERY_BROKER_URL", "").startswith("redis"),
+                       reason="the pipeline floor runs on PostgreSQL and Redis"),
+]
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    return f"postgresql://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def test_a_call_through_the_floor_is_answered_after_its_receipt_with_the_providers_answer(payments_sandbox):
+    pipeline = Pipeline(database_url(), os.environ["CELERY_BROKER_URL"], payments_sandbox.base_url).start()
+    try:
+        answers = [httpx.post(f"{pipeline.url}/call", json={"order_id": f"ord-floor-{i}"}, timeout=30).json()
+                   for i in range(3)]
+    finally:
+        pipeline.stop()
+
+    direct = httpx.get(f"{payments_sandbox.base_url}/orders/ord-floor-0", timeout=5).text
+    assert [answer["status"] for answer in answers] == ["confirmed"] * 3
+    assert answers[0]["result"] == direct  # the worker's provider read, carried back
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY status")
+        assert cursor.fetchall() == [("confirmed", 3)]
