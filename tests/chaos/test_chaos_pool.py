@@ -57,7 +57,11 @@ def kill_every_worker_process_once(stack) -> None:
     worker = stack.worker_children[0]
     children = pool_pids(worker)
     for pid in children:
-        wait_idle(pid)
+        if not stack.is_redis:
+            # billiard's plain pool (the file-system transport): the child to kill is the one
+            # blocked on the shared queue. Celery's event-loop pool (Redis) gives each child its
+            # own queues, and its children are never quite idle: any moment will do there.
+            wait_idle(pid)
         kill(pid, signal.SIGKILL)
         wait_until(lambda pid=pid: pid not in pool_pids(worker) and len(pool_pids(worker)) == len(children),
                    timeout=30, what="a replacement pool child")
