@@ -44,14 +44,19 @@ WORKER_THREADS = 8  # as many calls at once as the product's worker (CELERY_WORK
 SERVER_CONNECTIONS = 10  # the product server's pool
 
 
+def libpq_url(url: str) -> str:
+    """psycopg takes `postgresql://`; Django's settings also accept `postgres://`."""
+    return url.replace("postgres://", "postgresql://", 1)
+
+
 def database_url() -> str:
-    return os.environ["FLOOR_DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+    return libpq_url(os.environ["FLOOR_DATABASE_URL"])
 
 
 def prepare(url: str) -> None:
     import psycopg
 
-    with psycopg.connect(url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, order_id text NOT NULL, "
                      "status text NOT NULL, result text)")
 

@@ -40,13 +40,13 @@ def wait_idle(pid: int, *, quiet: float = 0.5) -> None:
     """Until the process has used no CPU for `quiet` seconds: blocked, waiting for work. A pool
     child still starting up (Django's set-up, slow on a loaded machine) holds no queue lock yet,
     so killing it then is not the kill this test is about."""
-    last = [cpu_ticks(pid)]
+    seen = {"ticks": cpu_ticks(pid), "since": time.monotonic()}
 
     def idle() -> bool:
-        time.sleep(quiet)
-        now = cpu_ticks(pid)
-        unchanged, last[0] = now == last[0], now
-        return unchanged
+        ticks = cpu_ticks(pid)
+        if ticks != seen["ticks"]:
+            seen.update(ticks=ticks, since=time.monotonic())
+        return time.monotonic() - seen["since"] >= quiet
 
     wait_until(idle, timeout=60, what=f"process {pid} idle")
 
