@@ -54,6 +54,7 @@ from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, Proposal, call_dry_run, c
 from ledger.selectors import (
     CALL_STATUSES,
     FINAL_STATUSES,
+    WAIT_ENDS,
     call_detail,
     call_for_principal,
     call_status,
@@ -292,7 +293,7 @@ async def propose_call(request: HttpRequest, task_id: str) -> HttpResponse:
             return response  # an error, a dry run, a final answer, or held for people
         answer = partial(_proposal_now, request, proposal, response.status_code)
         moved = await bell.watch(proposal.call_pk, proposal.status, wait, since=since, answer=answer,
-                                 until=FINAL_STATUSES, operation_id=proposal.operation_id)
+                                 until=WAIT_ENDS, operation_id=proposal.operation_id)
     if moved is not None and moved[1] is not None:
         return moved[1]
     return await db_hop(answer)()
@@ -358,8 +359,9 @@ def _parse_seen(raw: str | None) -> str | None:
     return raw
 
 
-# `until`'s one value: the statuses that answer a poll that waits for the call to be final.
-UNTIL = {"final": FINAL_STATUSES}
+# `until`'s one value: the statuses that answer a poll that waits for the call to be final (or
+# parked for a person, `manual`: the agent is told then, not when its wait runs out).
+UNTIL = {"final": WAIT_ENDS}
 
 
 def _parse_until(raw: str | None) -> frozenset[str] | None:
@@ -461,15 +463,16 @@ class CallGetApi(APIView):
         description="Answers at once with `wait=0`, or when the call is final (nothing more will happen to "
                     "it); otherwise when the operation's status differs from `seen` (default: the status at "
                     "the start of the request), or after `wait` seconds (at most 30). With `until=final`, "
-                    "only a final status answers before `wait` runs out: one poll waits for the outcome.",
+                    "only a final status (or `manual`: the call waits for a person) answers before `wait` "
+                    "runs out: one poll waits for the outcome.",
         parameters=[
             OpenApiParameter("wait", {"type": "number", "minimum": 0}, description="Seconds to wait for a change (0–30)."),
             OpenApiParameter("seen", OpenApiTypes.STR, enum=CALL_STATUSES,
                              description="The status the agent last saw: a different one answers at once."),
             OpenApiParameter("until", OpenApiTypes.STR, enum=list(UNTIL),
-                             description="`final`: answer only when the call is final (or `wait` runs out, "
-                                         "with the status as it is), not at the statuses on the way; `seen` "
-                                         "is then not needed."),
+                             description="`final`: answer only when the call is final or waits for a person "
+                                         "(`manual`), or `wait` runs out (with the status as it is), not at "
+                                         "the statuses on the way; `seen` is then not needed."),
             OpenApiParameter("task_id", OpenApiTypes.STR,
                              description="The call's task. Without it, a call ID used in several of your tenant's "
                                          "tasks is 409 (details.task_ids names them)."),

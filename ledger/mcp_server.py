@@ -54,7 +54,7 @@ from console.ratelimit import rate_limit_hit
 from ledger.answers import answer_json
 from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, call_propose
-from ledger.selectors import FINAL_STATUSES, Outcome, call_detail, call_for_principal, call_status
+from ledger.selectors import WAIT_ENDS, Outcome, call_detail, call_for_principal, call_status
 from ledger.starts import task_start
 
 PATH = "/mcp"
@@ -149,15 +149,15 @@ def _call_body(principal: AgentPrincipal, call_id: str, task_id: str, base_url: 
 
 
 async def _wait(principal: AgentPrincipal, call_id: str, task_id: str, seconds: float) -> None:
-    """Until the call is final or `seconds` have passed, woken by committed events: one read of
-    the call, then one watch that only a final status answers (the statuses on the way, such as
-    `dispatched`, wake nothing)."""
+    """Until the call is final (or waits for a person: `manual`) or `seconds` have passed, woken
+    by committed events: one read of the call, then one watch that only those statuses answer
+    (the statuses on the way, such as `dispatched`, wake nothing)."""
     if seconds <= 0:
         return
     call_pk, status, operation_id = await db_hop(_call_state)(principal, call_id, task_id)
-    if status in FINAL_STATUSES:
+    if status in WAIT_ENDS:
         return
-    await wait_for_change(call_pk, status, seconds, until=FINAL_STATUSES, operation_id=operation_id)
+    await wait_for_change(call_pk, status, seconds, until=WAIT_ENDS, operation_id=operation_id)
 
 
 def _result(body: dict[str, Any]) -> types.CallToolResult:

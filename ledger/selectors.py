@@ -23,6 +23,10 @@ GATE_ACTOR = "system:gate"
 REFUSED = "refused"
 CALL_STATUSES = [*OperationStatus.values, REFUSED]
 FINAL_STATUSES = frozenset({*OPERATION_TERMINAL, REFUSED})
+# Where a wait on a call ends (the agent API's `until=final`, a proposal's `wait`, the MCP
+# server's): the call is final, or it waits for a person (`manual`: nothing moves it on without
+# one, perhaps hours later), which the agent hears at once instead of when its wait runs out.
+WAIT_ENDS = frozenset({*FINAL_STATUSES, OperationStatus.MANUAL})
 
 
 class Outcome(models.TextChoices):

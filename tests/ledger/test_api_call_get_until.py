@@ -136,3 +136,20 @@ def test_wait_zero_answers_at_once(proposed):  # noqa: F811
 def test_any_other_value_of_until_is_400(proposed, until):  # noqa: F811
     error = assert_error(get("/api/v1/calls/call-1", wait=1, until=until), 400, "invalid")
     assert list(error["details"]["fields"]) == ["until"]
+
+
+def test_it_answers_once_the_call_waits_for_a_person(proposed, poll_started, rings_heard):  # noqa: F811
+    # dispatched → unknown (the reply was lost) → manual (reconciliation gave up): `manual` is not
+    # final, but nothing moves it again without a person, which may take hours. The poll answers
+    # it then, not when its wait runs out.
+    operation_id = proposed["operation_id"]
+    changer = in_thread(lambda: poll_started.wait(20), rings_heard.clear, dispatch(operation_id),
+                        lambda: rings_heard.wait(20), record(operation_id, Fact.UNKNOWN, error_class="timeout"),
+                        lambda: ledger_services.operation_escalate_manual(
+                            operation_id=operation_id, actor="system:reconciler", reason="provider could not tell"))
+    began = time.monotonic()
+    body = get("/api/v1/calls/call-1", wait=30, until="final").json()
+    changer.join(timeout=30)
+
+    assert time.monotonic() - began < 15  # not the 30 s asked for
+    assert (body["status"], body["final"]) == ("manual", False)

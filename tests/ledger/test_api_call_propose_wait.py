@@ -179,3 +179,30 @@ def test_a_waiting_proposal_holds_no_database_connection_while_it_waits(running_
 
     assert response.status_code == 201
     assert held == [False]
+
+
+def test_a_call_that_ends_waiting_for_a_person_is_answered_then(running_task, proposed_signal):
+    """dispatched → unknown (the reply was lost) → manual (nobody can tell): not final, but only a
+    person moves it on, perhaps hours later. The proposal answers then, not at the wait's end."""
+    def settle():
+        try:
+            if proposed_signal.wait(timeout=20):
+                operation = Operation.objects.get()
+                _, attempt = ledger_services.operation_dispatch(operation_id=operation.operation_id,
+                                                                worker="test-worker")
+                ledger_services.operation_record_outcome(
+                    operation_id=operation.operation_id, attempt_number=attempt.number,
+                    fencing_token=attempt.fencing_token, fact=Fact.UNKNOWN, error_class="timeout")
+                ledger_services.operation_escalate_manual(operation_id=operation.operation_id,
+                                                          actor="system:reconciler", reason="provider could not tell")
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=settle)
+    worker.start()
+    began = time.monotonic()
+    response = post(f"/api/v1/tasks/{running_task.task_id}/calls?wait=30", call_body(running_task))
+    worker.join(timeout=30)
+
+    assert time.monotonic() - began < 15  # not the 30 s asked for
+    assert (response.json()["status"], response.json()["final"]) == ("manual", False)

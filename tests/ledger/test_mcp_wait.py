@@ -60,3 +60,31 @@ def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, age
     assert dispatch_heard.is_set()
     assert Operation.objects.get(pk=operation_id).status == "confirmed"
     assert reads == ["authorized"]
+
+
+def test_the_wait_ends_once_the_call_waits_for_a_person(api, agent, running_task):
+    """dispatched → unknown → manual: not final, but only a person moves it on (perhaps hours
+    later): the agent hears it then, not when its wait runs out."""
+    operation_id = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task),
+                            format="json").json()["operation_id"]
+    _, attempt = ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
+    ledger_services.operation_record_outcome(operation_id=operation_id, attempt_number=attempt.number,
+                                             fencing_token=attempt.fencing_token, fact=Fact.UNKNOWN,
+                                             error_class="timeout")
+
+    def escalate():
+        try:
+            ledger_services.operation_escalate_manual(operation_id=operation_id, actor="system:reconciler",
+                                                      reason="provider could not tell")
+        finally:
+            connection.close()
+
+    async def wait_while_it_is_escalated():
+        waiting = asyncio.create_task(mcp_server._wait(agent, "call-1", running_task.task_id, 30))
+        await asyncio.sleep(0)  # whether it reads the call before the move or after, it must end
+        began = asyncio.get_running_loop().time()
+        await asyncio.to_thread(escalate)
+        await waiting
+        return asyncio.get_running_loop().time() - began
+
+    assert asyncio.run(wait_while_it_is_escalated()) < 15  # not the 30 s asked for
