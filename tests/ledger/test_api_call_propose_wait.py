@@ -62,16 +62,21 @@ def proposed_signal(monkeypatch) -> threading.Event:
 def confirm_when(committed: threading.Event, result: dict) -> threading.Thread:
     """From another thread, once the proposal committed: run the operation to `confirmed`, as a
     worker would (claim, then the provider's answer)."""
+    return dispatch_when(committed, lambda operation_id, attempt: ledger_services.operation_record_outcome(
+        operation_id=operation_id, attempt_number=attempt.number, fencing_token=attempt.fencing_token,
+        fact=Fact.KNOWN_SUCCESS, receipt={"id": "re_1"}, result=result))
+
+
+def dispatch_when(committed: threading.Event, then) -> threading.Thread:
+    """From another thread, once the proposal committed: claim the operation as a worker would,
+    then `then(operation_id, attempt)`."""
     def run():
         try:
             if committed.wait(timeout=20):
                 operation = Operation.objects.get()
                 _, attempt = ledger_services.operation_dispatch(operation_id=operation.operation_id,
                                                                 worker="test-worker")
-                ledger_services.operation_record_outcome(
-                    operation_id=operation.operation_id, attempt_number=attempt.number,
-                    fencing_token=attempt.fencing_token, fact=Fact.KNOWN_SUCCESS,
-                    receipt={"id": "re_1"}, result=result)
+                then(operation.operation_id, attempt)
         finally:
             connection.close()
 
@@ -184,22 +189,14 @@ def test_a_waiting_proposal_holds_no_database_connection_while_it_waits(running_
 def test_a_call_that_ends_waiting_for_a_person_is_answered_then(running_task, proposed_signal):
     """dispatched → unknown (the reply was lost) → manual (nobody can tell): not final, but only a
     person moves it on, perhaps hours later. The proposal answers then, not at the wait's end."""
-    def settle():
-        try:
-            if proposed_signal.wait(timeout=20):
-                operation = Operation.objects.get()
-                _, attempt = ledger_services.operation_dispatch(operation_id=operation.operation_id,
-                                                                worker="test-worker")
-                ledger_services.operation_record_outcome(
-                    operation_id=operation.operation_id, attempt_number=attempt.number,
-                    fencing_token=attempt.fencing_token, fact=Fact.UNKNOWN, error_class="timeout")
-                ledger_services.operation_escalate_manual(operation_id=operation.operation_id,
-                                                          actor="system:reconciler", reason="provider could not tell")
-        finally:
-            connection.close()
+    def lost_then_manual(operation_id, attempt):
+        ledger_services.operation_record_outcome(operation_id=operation_id, attempt_number=attempt.number,
+                                                 fencing_token=attempt.fencing_token, fact=Fact.UNKNOWN,
+                                                 error_class="timeout")
+        ledger_services.operation_escalate_manual(operation_id=operation_id, actor="system:reconciler",
+                                                  reason="provider could not tell")
 
-    worker = threading.Thread(target=settle)
-    worker.start()
+    worker = dispatch_when(proposed_signal, lost_then_manual)
     began = time.monotonic()
     response = post(f"/api/v1/tasks/{running_task.task_id}/calls?wait=30", call_body(running_task))
     worker.join(timeout=30)
