@@ -81,6 +81,26 @@ class Child:
             pass
 
 
+def interrupt(popen: subprocess.Popen, *, timeout: float = 60.0) -> None:
+    """Ctrl-C for a command started in a session of its own (make run, make cluster): SIGINT,
+    then SIGKILL to its whole group if it has not stopped within `timeout`."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGINT)
+        try:
+            popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+
+
+def free_port_block(offsets: tuple[int, ...], *, start: int = 21000, step: int = 131) -> int:
+    """A base port P with every P + offset free on 127.0.0.1: the product and its sandboxes take
+    a block (P..P+3 under make run; make cluster's servers also P+10 and P+11)."""
+    for base in range(start, 60000, step):
+        if first_taken_port([base + offset for offset in offsets]) is None:
+            return base
+    raise RuntimeError("no free block of ports")
+
+
 def first_taken_port(ports: list[int]) -> int | None:
     """The first of these ports on 127.0.0.1 that something already listens on, if any."""
     for number in ports:

@@ -12,19 +12,18 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 from django.db import connection  # noqa: F401 - read by the skipif condition
 from playwright.sync_api import expect
 
-from console.lib.procs import wait_until
+from console.lib.procs import free_port_block, interrupt, wait_until
+from console.management.commands.run_cluster import drop_database
 from sandbox.client import effects
 from tests.stack import HttpAgent, descendants
 
@@ -35,19 +34,7 @@ pytestmark = [
 ]
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "cluster-test-passphrase-5512"
-
-
-def free_base_port() -> int:
-    """P with P..P+3 and P+10, P+11 free (balancer, sandboxes, the two servers)."""
-    for base in range(21000, 60000, 131):
-        try:
-            for offset in (0, 1, 2, 3, 10, 11):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free block of ports")
+CLUSTER_PORTS = (0, 1, 2, 3, 10, 11)  # the balancer, the sandboxes, the two servers
 
 
 def cluster_redis_databases() -> tuple[int, int]:
@@ -71,13 +58,6 @@ def database_url(name: str) -> str:
     return f"postgres://{user}@{settings.get('HOST') or '127.0.0.1'}:{settings.get('PORT') or 5432}/{name}"
 
 
-def drop_database(url: str) -> None:
-    parts = urlsplit(url)
-    admin = urlunsplit(("postgresql", parts.netloc, "/postgres", "", ""))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{parts.path.lstrip("/")}" WITH (FORCE)')
-
-
 def main_process(root: int, *fragments: str) -> int:
     """The one process (not a child of another match) whose command line holds every fragment."""
     tree = descendants(root)
@@ -89,7 +69,7 @@ def main_process(root: int, *fragments: str) -> int:
 
 class Cluster:
     def __init__(self, tmp_path: Path) -> None:
-        self.port = free_base_port()
+        self.port = free_port_block(CLUSTER_PORTS)
         self.var = tmp_path / "cluster"
         self.database = database_url(f"cs_cluster_{os.getpid()}")
         self.log_path = tmp_path / "cluster.log"
@@ -114,12 +94,8 @@ class Cluster:
         return f"http://127.0.0.1:{self.port + offset}"
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc is not None:
+            interrupt(self.proc)
         self.log.close()
         drop_database(self.database)
 

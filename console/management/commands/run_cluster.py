@@ -61,6 +61,14 @@ def ensure_database(url: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+def drop_database(url: str) -> None:
+    """Drops the database (benches and tests that start a cluster on a database of their own)."""
+    parts = urlsplit(url)
+    admin_url = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(parts.path.lstrip("/"))))
+
+
 def cluster_environment(port: int, var: Path) -> dict[str, str]:
     database = os.environ.get("DATABASE_URL", "")
     broker = os.environ.get("CELERY_BROKER_URL", "")
