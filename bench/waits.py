@@ -3,7 +3,7 @@ and a reviewer's approval until the call is confirmed — under `make run` (embe
 file-system broker, one server and one worker) and under `make cluster` (production settings on
 PostgreSQL and Redis, two servers behind the balancer, a fast and a slow worker, beat).
 
-    .venv/bin/python bench/waits.py [--approvals 8] [--calls 8] [--modes run,cluster]
+    .venv/bin/python bench/waits.py [--approvals 8] [--calls 8] [--modes run,run-postgres,cluster]
 
 Each mode is started as its users start it (`manage.py run_embedded --no-fleet`, `manage.py
 run_cluster`) in a directory of its own (and, for the cluster, a database of its own, dropped
@@ -12,6 +12,9 @@ session (plain HTTP: the login form, then the approval page's Approve form):
 
 - **first call**: the first run-at-once refund after the product answers `/healthz` (the cluster:
   after its banner), proposal sent → final answer, then as many again for the warm figure;
+- with the cluster, the same warm calls sent to its first server itself (what the balancer adds);
+  `run-postgres` runs make run's processes on the cluster's PostgreSQL and Redis (what the
+  storage and broker add, apart from the cluster's other processes);
 - **approve → confirmed**: a refund held for approval, the agent long-polling it; the reviewer
   posts Approve; from that request's start until the agent holds `confirmed` (and the approve
   request's own time).
@@ -44,10 +47,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from console.lib.procs import free_port_block, interrupt  # noqa: E402
-from console.management.commands.run_cluster import drop_database  # noqa: E402
+from console.management.commands.run_cluster import drop_database, ensure_database  # noqa: E402
 
 PASSWORD = "bench-waits-" + secrets.token_hex(6)
 REFUND = {"currency": "EUR", "reason": "broken"}
+TITLES = {"run": "make run", "run-postgres": "make run on PostgreSQL + Redis (for comparison)",
+          "cluster": "make cluster"}
 HELD_AMOUNT, RUN_AT_ONCE_AMOUNT = 120, 30  # the default policy: over 100 EUR a reviewer decides
 
 
@@ -69,22 +74,24 @@ class Running:
         self.mode, self.port = mode, free_port_block((0, 1, 2, 3, 10, 11), start=23000, step=137)
         self.var = Path(tempfile.mkdtemp(prefix=f"countersign-waits-{mode}-"))
         self.log_path = self.var / "product.log"
-        self.database = postgres_url(f"cs_bench_waits_{os.getpid()}") if mode == "cluster" else ""
+        self.database = postgres_url(f"cs_bench_waits_{os.getpid()}") if mode != "run" else ""
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Running:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_LAYER_URL")}
         env.update({"PORT": str(self.port), "COUNTERSIGN_ENV": "embedded", "API_RATE_PER_TOKEN": "0",
                     "API_RATE_PER_TENANT": "0"})
-        if self.mode == "run":
+        if self.database:
+            drop_database(self.database)
+            ensure_database(self.database)
+            env.update({"DATABASE_URL": self.database, "CELERY_BROKER_URL": redis_url(6),
+                        "CHANNEL_LAYER_URL": redis_url(7)})
+        if self.mode == "cluster":
+            env.update({"CLUSTER_VAR_DIR": str(self.var / "cluster"), "COUNTERSIGN_ADMIN_PASSWORD": PASSWORD})
+            command = ["manage.py", "run_cluster"]
+        else:
             env.update({"COUNTERSIGN_VAR_DIR": str(self.var), "DEMO_PASSWORD": PASSWORD})
             command = ["manage.py", "run_embedded", "--no-fleet"]
-        else:
-            drop_database(self.database)
-            env.update({"CLUSTER_VAR_DIR": str(self.var / "cluster"), "DATABASE_URL": self.database,
-                        "CELERY_BROKER_URL": redis_url(6), "CHANNEL_LAYER_URL": redis_url(7),
-                        "COUNTERSIGN_ADMIN_PASSWORD": PASSWORD})
-            command = ["manage.py", "run_cluster"]
         self.log = self.log_path.open("wb")
         self.proc = subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -95,7 +102,7 @@ class Running:
                 raise RuntimeError(f"{self.mode} did not start:\n{self.log_path.read_text()[-3000:]}")
             time.sleep(0.2)
         self.ready = time.monotonic()
-        if self.mode == "run":
+        if self.mode != "cluster":
             self.token = re.search(r"Bearer ([^)\s]+)", self.log_path.read_text()).group(1)
         else:
             self.token = (self.var / "cluster" / "agent_token").read_text().strip()
@@ -105,12 +112,18 @@ class Running:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def server_url(self) -> str:
+        """The cluster's first server itself (the balancer is `url`)."""
+        return f"http://127.0.0.1:{self.port + 10}"
+
     def stop(self) -> None:
         if self.proc is not None:
             interrupt(self.proc)
         self.log.close()
         if self.database:
             drop_database(self.database)
+            ensure_database(self.database)
 
 
 def reviewer_session(url: str) -> httpx.Client:
@@ -138,21 +151,33 @@ def approve(http: httpx.Client, url: str, approval_id: str) -> float:
     return began
 
 
+def run_at_once(task, run: str, n: int) -> float:
+    """One refund the gate runs at once, proposed and awaited through the client: its seconds."""
+    began = time.monotonic()
+    answer = task.call_answer("payments.refund", {"order_id": f"ord-{run}-{n}", "amount": RUN_AT_ONCE_AMOUNT, **REFUND},
+                              step_id=f"refund-{n}")
+    if answer["status"] != "confirmed":
+        raise RuntimeError(f"a run-at-once call ended {answer['status']}: {answer}")
+    return time.monotonic() - began
+
+
 def measure(running: Running, calls: int, approvals: int) -> dict[str, list[float]]:
-    figures: dict[str, list[float]] = {"first call": [], "warm calls": [], "approve → confirmed": [],
+    figures: dict[str, list[float]] = {"start-up": [running.ready - running.started], "first call": [],
+                                       "warm calls": [], "one server": [], "approve → confirmed": [],
                                        "approve request": []}
     run = secrets.token_hex(3)
     with Client(running.url, running.token) as client:
         task = client.start_task(key=f"bench-waits-{run}", task_type="refund", goal="Refund the broken kettles",
                                  constraints={"max_tool_calls": 10 * (calls + approvals)})
-        for n in range(calls + 1):
-            began = time.monotonic()
-            answer = task.call_answer("payments.refund", {"order_id": f"ord-{run}-{n}", "amount": RUN_AT_ONCE_AMOUNT,
-                                                          **REFUND}, step_id=f"refund-{n}")
-            if answer["status"] != "confirmed":
-                raise RuntimeError(f"a run-at-once call ended {answer['status']}: {answer}")
-            figures["first call" if n == 0 else "warm calls"].append(time.monotonic() - began)
-        figures["first call"].append(running.ready - running.started)  # [1]: the start-up itself
+        figures["first call"].append(run_at_once(task, run, 0))
+        figures["warm calls"] += [run_at_once(task, run, n) for n in range(1, calls + 1)]
+        if running.mode == "cluster":
+            # The same calls sent to the first server itself, past the balancer: what the balancer adds.
+            with Client(running.server_url, running.token) as direct:
+                straight = direct.start_task(key=f"bench-waits-{run}-s1", task_type="refund", goal="Refund",
+                                             constraints={"max_tool_calls": 10 * calls})
+                figures["one server"] += [run_at_once(straight, f"{run}-s1", n) for n in range(calls + 1)][1:]
+                straight.close()
         reviewer = reviewer_session(running.url)
         for n in range(approvals):
             step = f"held-{n}"
@@ -188,7 +213,8 @@ def ms(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modes", default="run,cluster")
+    parser.add_argument("--modes", default="run,cluster",
+                        help="of run, run-postgres (make run's processes on the cluster's PostgreSQL and Redis), cluster")
     parser.add_argument("--calls", type=int, default=8, help="warm run-at-once calls after the first")
     parser.add_argument("--approvals", type=int, default=8)
     args = parser.parse_args(argv)
@@ -200,10 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             figures = measure(running, args.calls, args.approvals)
         finally:
             running.stop()
-        print(f"\nmake {mode}  (log: {running.log_path})")
-        print(f"  started (command → ready)    {ms(figures['first call'][1:])}")
-        print(f"  first call after start       {ms(figures['first call'][:1])}")
+        print(f"\n{TITLES[mode]}  (log: {running.log_path})")
+        print(f"  started (command → ready)    {ms(figures['start-up'])}")
+        print(f"  first call after start       {ms(figures['first call'])}")
         print(f"  warm run-at-once calls       {ms(figures['warm calls'])}")
+        if figures["one server"]:
+            print(f"  the same, to one server      {ms(figures['one server'])}")
         print(f"  approve → confirmed          {ms(figures['approve → confirmed'])}")
         print(f"  the approve request itself   {ms(figures['approve request'])}")
     return 0
