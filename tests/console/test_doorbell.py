@@ -100,7 +100,8 @@ def test_rings_sent_as_one_say_what_each_moved_or_nothing_past_the_limit(held_la
     held_layer.release.set()
     ringer.drain(TIMEOUT)
     ringer.drain(TIMEOUT)
-    assert [message.get("moved") for _, message, _, _ in held_layer.sent] == [
+    # Both sends wait on the one release: which of them finishes first is the threads' race.
+    assert sorted((message.get("moved") for _, message, _, _ in held_layer.sent), key=len) == [
         [["operation", "op_0", "confirmed"]], [["operation", "op_1", "dispatched"], ["operation", "op_2", "confirmed"]]]
 
     held_layer.sent.clear()
