@@ -123,7 +123,6 @@ class Running:
         self.log.close()
         if self.database:
             drop_database(self.database)
-            ensure_database(self.database)
 
 
 def reviewer_session(url: str) -> httpx.Client:
@@ -139,7 +138,7 @@ def reviewer_session(url: str) -> httpx.Client:
 
 
 def approve(http: httpx.Client, url: str, approval_id: str) -> float:
-    """Opens the approval page (what the reviewer reads), then posts Approve; the post's seconds."""
+    """Opens the approval page (what the reviewer reads), then posts Approve; when it was sent."""
     page = http.get(f"/approvals/{approval_id}/").text
     arguments_hash = re.search(r'name="arguments_hash" value="([0-9a-f]*)"', page)
     began = time.monotonic()
