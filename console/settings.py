@@ -336,6 +336,11 @@ CELERY_TIMEZONE = "UTC"
 DISPATCH_GRACE_SECONDS = env.float("DISPATCH_GRACE_SECONDS", 10.0, validate=Range(min=0))
 # Authorized but not dispatched for this long: the broker lost the message; enqueue again.
 REDISPATCH_AFTER_SECONDS = env.float("REDISPATCH_AFTER_SECONDS", 15.0, validate=Range(min=0.1))
+# A call the gate runs at once, on a fast-queue tool, whose agent waits for its outcome (`?wait=`,
+# the MCP server) is dispatched by the server thread that proposed it: no broker hop, no worker
+# pickup (ledger/request_dispatch.py). Off: every dispatch goes through the broker, for a
+# deployment whose web servers must not reach the tools' providers.
+DISPATCH_IN_REQUEST = env.bool("DISPATCH_IN_REQUEST", True)
 # Unknown outcomes the provider cannot explain within this window go to a person (`manual`).
 RECONCILE_WINDOW_SECONDS = env.float("RECONCILE_WINDOW_SECONDS", 45.0, validate=Range(min=1))
 TENANT_MAX_IN_FLIGHT = env.int("TENANT_MAX_IN_FLIGHT", 16, validate=Range(min=1))

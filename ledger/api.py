@@ -42,6 +42,7 @@ from console.api import (
     principal_for_authorization,
 )
 from console.lib.errors import DomainError, InvalidInput
+from ledger import request_dispatch
 from ledger.answers import (
     DecisionSerializer,
     OperationOutputSerializer,
@@ -228,6 +229,8 @@ class CallProposeApi(APIView):
             principal=request.user, task_id=task_id, call_id=data["call_id"], step_id=data["step_id"],
             tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],
             fencing_token=data["fencing_token"],
+            # A wait is served by `_propose_and_let_go`, which dispatches what this leaves to it.
+            dispatch_here=wait > 0,
         )
         response = Response(proposal_body(proposal, request),
                             status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK)
@@ -262,11 +265,20 @@ _propose_in_request_thread = sync_to_async(_propose_view, thread_sensitive=True)
 
 
 def _propose_and_let_go(request: HttpRequest, task_id: str):
-    """The proposal, then its database connection back to the pool (as the end of a request
-    gives it back): a proposal that waits holds none meanwhile, or a few waiting proposals would
-    leave none for the reads that answer them."""
+    """The proposal, its dispatch when it is this request's to run (`ledger.request_dispatch`),
+    answered with the status the dispatch left; then its database connection back to the pool
+    (as the end of a request gives it back): a proposal that waits holds none meanwhile, or a
+    few waiting proposals would leave none for the reads that answer them."""
     try:
-        return _propose_view(request, task_id=task_id)
+        response = _propose_view(request, task_id=task_id)
+        proposal = getattr(response, "proposal", None)
+        if proposal is None or not proposal.dispatch_here:
+            return response
+        request_dispatch.dispatch(proposal.operation_id)
+        now = _as_now(proposal)
+        answer = _json(proposal_body(now, request), status_code=response.status_code)
+        answer.proposal, answer.wait = now, response.wait
+        return answer
     finally:
         close_old_connections()
 
@@ -288,9 +300,9 @@ async def propose_call(request: HttpRequest, task_id: str) -> HttpResponse:
         since = bell.rings
         response = await _propose_and_let_go_in_request_thread(request, task_id=task_id)
         proposal, wait = getattr(response, "proposal", None), getattr(response, "wait", 0.0)
-        if (proposal is None or proposal.call_pk is None or wait <= 0 or proposal.outcome.final
+        if (proposal is None or proposal.call_pk is None or wait <= 0 or proposal.status in WAIT_ENDS
                 or proposal.decision != Decision.DISPATCHED):
-            return response  # an error, a dry run, a final answer, or held for people
+            return response  # an error, a dry run, an answer the wait ends at, or held for people
         answer = partial(_proposal_now, request, proposal, response.status_code)
         moved = await bell.watch(proposal.call_pk, proposal.status, wait, since=since, answer=answer,
                                  until=WAIT_ENDS, operation_id=proposal.operation_id)
@@ -301,10 +313,13 @@ async def propose_call(request: HttpRequest, task_id: str) -> HttpResponse:
 
 def _proposal_now(request: HttpRequest, proposal: Proposal, status_code: int) -> HttpResponse:
     """The proposal's answer with its operation's status and result as they are now."""
+    return _json(proposal_body(_as_now(proposal), request), status_code=status_code)
+
+
+def _as_now(proposal: Proposal) -> Proposal:
     current, result = Operation.objects.values_list("status", "result").get(pk=proposal.operation_id)
-    now = replace(proposal, status=current, result=result,
-                  outcome=replace(proposal.outcome, final=current in FINAL_STATUSES))
-    return _json(proposal_body(now, request), status_code=status_code)
+    return replace(proposal, status=current, result=result,
+                   outcome=replace(proposal.outcome, final=current in FINAL_STATUSES))
 
 
 # drf-spectacular documents any URL whose callback names an APIView class.

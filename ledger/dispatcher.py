@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -52,8 +53,11 @@ class Deferred:
     queue: str
 
 
-def run_dispatch(operation_id: str, *, worker: str) -> str:
-    """Execute one authorized (or retry-safe) operation. Returns what happened, for logs."""
+def run_dispatch(operation_id: str, *, worker: str, let_go: Callable[[], None] | None = None) -> str:
+    """Execute one authorized (or retry-safe) operation. Returns what happened, for logs.
+    `let_go()` runs once the claim is checked and before the provider is called: a server's
+    request thread gives its database connection back to the pool there (a provider may take
+    its whole timeout); a worker's thread keeps its own."""
     with tracer.start_as_current_span("dispatch", attributes={"countersign.operation_id": operation_id}) as span:
         claimed = _claim(operation_id, worker=worker)
         if isinstance(claimed, str):
@@ -67,7 +71,7 @@ def run_dispatch(operation_id: str, *, worker: str) -> str:
         span.set_attributes({"countersign.task_id": operation.task_id, "gen_ai.tool.call.id": operation.call_id,
                              "countersign.attempt": attempt.number})
         seam("before_provider_call", operation_id)
-        outcome, latency_ms = _call_provider(operation, attempt)
+        outcome, latency_ms = _call_provider(operation, attempt, let_go)
         seam("after_provider_call", operation_id)
         return _record(operation, attempt, outcome, latency_ms)
 
@@ -292,7 +296,8 @@ def _retry_exhausted(operation: Operation, tool: Tool, *, now) -> str | None:
     return None
 
 
-def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int]:
+def _call_provider(operation: Operation, attempt: Attempt,
+                   let_go: Callable[[], None] | None = None) -> tuple[Outcome, int]:
     """Step 6, outside any transaction."""
     tool = operation.tool
     adapter = adapter_for(tool)
@@ -310,6 +315,8 @@ def _call_provider(operation: Operation, attempt: Attempt) -> tuple[Outcome, int
             span.set_attribute("countersign.fenced", True)
             return not_sent("fenced", transport="none", code="stale_token",
                             raw={"fencing_token": attempt.fencing_token}), 0
+        if let_go is not None:
+            let_go()
         outcome = None
         if attempt.number > 1 and tool.idempotency == Tool.Idempotency.QUERY and adapter.can_query:
             # The provider does not deduplicate: ask before sending again.

@@ -51,6 +51,7 @@ from console.api import error_body, principal_for_authorization
 from console.lib.errors import Conflict, DomainError, RateLimited
 from console.models import AgentPrincipal
 from console.ratelimit import rate_limit_hit
+from ledger import request_dispatch
 from ledger.answers import answer_json
 from ledger.longpoll import db_hop, wait_for_change
 from ledger.proposals import MAX_CALL_ID, call_propose
@@ -294,9 +295,15 @@ class McpServer:
     @staticmethod
     async def _propose(principal: AgentPrincipal, task: _SessionTask, call_id: str, tool_name: str,
                        arguments: dict[str, Any]):
-        return await db_hop(call_propose)(
+        """The proposal; a call the gate runs at once is then dispatched here, as the agent
+        waits for it (`ledger.request_dispatch`)."""
+        proposal = await db_hop(call_propose)(
             principal=principal, task_id=task.task_id, call_id=call_id, step_id=call_id, tool_name=tool_name,
-            arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token)
+            arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token,
+            dispatch_here=True)
+        if proposal.dispatch_here:
+            await db_hop(request_dispatch.dispatch)(proposal.operation_id)
+        return proposal
 
     async def _wait_tool(self, principal: AgentPrincipal, session_id: str, base_url: str,
                          arguments: dict[str, Any]) -> types.CallToolResult:

@@ -43,6 +43,7 @@ from console.lib.ids import derive_operation_id
 from console.lib.transitions import record_event
 from console.models import AgentPrincipal, Event, Tenant
 from console.tracing import tracer
+from ledger import request_dispatch
 from ledger import services as ledger_services
 from ledger.models import Call, Operation, OperationStatus
 from ledger.queries import lease_sql as _lease_sql
@@ -85,6 +86,9 @@ class Proposal:
     created: bool = False  # this proposal created the operation (HTTP 201)
     repeat: bool = False  # answered from the ledger for a call ID seen before
     call_pk: int | None = None  # the call's row: what a proposal that waits for the outcome watches
+    # Nothing was published: the caller dispatches it now that the proposal committed
+    # (`call_propose(dispatch_here=True)`, ledger/request_dispatch.py).
+    dispatch_here: bool = False
 
 
 def call_propose(
@@ -97,7 +101,11 @@ def call_propose(
     arguments: dict[str, Any],
     expected_version: int,
     fencing_token: int | None,
+    dispatch_here: bool = False,
 ) -> Proposal:
+    """`dispatch_here`: the caller waits for the outcome and will dispatch a call the gate runs
+    at once itself (`ledger.request_dispatch`); the answer's `dispatch_here` says whether it
+    must (nothing was published for it)."""
     if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID or not call_id.isprintable():
         # Event rows name their entity in 64 characters, and every call leaves events. Any
         # printable character (frameworks invent their own IDs); no control characters.
@@ -106,7 +114,7 @@ def call_propose(
         raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
     proposal = dict(principal=principal, task_id=task_id, call_id=call_id, step_id=step_id, tool_name=tool_name,
                     arguments=arguments, expected_version=expected_version, fencing_token=fencing_token,
-                    args_hash=gate.canonical_arguments_hash(arguments))
+                    args_hash=gate.canonical_arguments_hash(arguments), dispatch_here=dispatch_here)
     try:
         try:
             return _propose(**proposal)
@@ -157,7 +165,8 @@ def _check_proposing(task: Task) -> None:
 
 
 def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: str, tool_name: str,
-             arguments: dict[str, Any], expected_version: int, fencing_token: int | None, args_hash: str) -> Proposal:
+             arguments: dict[str, Any], expected_version: int, fencing_token: int | None, args_hash: str,
+             dispatch_here: bool) -> Proposal:
     # The ID a new operation would have: the tool is named by the request, and the task is
     # looked up in the principal's tenant only.
     operation_id = derive_operation_id(tenant=principal.tenant.slug, task_id=task_id, step_id=step_id,
@@ -214,6 +223,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                            args_hash=args_hash)
 
         runs_at_once = not result.needs_approval
+        dispatch_here = dispatch_here and runs_at_once and request_dispatch.applies(tool)
         step = _step_get_or_create(task, step_id)
         now = timezone.now()
         operation = Operation(
@@ -240,6 +250,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         events = ledger_services.operation_created_authorized(
             operation, actor=principal.ref, authorized_by=GATE_ACTOR,
             reason=f"L{result.risk_tier} {result.requirement}: runs at once", evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
+            publish=not dispatch_here,
         ) if runs_at_once else []
         # The budget spent, the call, the operation and (run at once) its two events: one
         # statement on PostgreSQL. The call first: its foreign key to the operation is checked
@@ -270,7 +281,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             return Proposal(
                 call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
-                risk_tier=result.risk_tier, created=True, call_pk=written[0],
+                risk_tier=result.risk_tier, created=True, call_pk=written[0], dispatch_here=dispatch_here,
                 outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 

@@ -372,12 +372,13 @@ def operation_created_event(operation: Operation, *, actor: str) -> None:
 
 
 def operation_created_authorized(operation: Operation, *, actor: str, authorized_by: str, reason: str,
-                                 evidence: dict[str, Any]) -> list[Event]:
+                                 evidence: dict[str, Any], publish: bool = True) -> list[Event]:
     """A call the gate runs at once is inserted directly as `authorized`: its two transitions
     (∅ → planned, planned → authorized), as unsaved event rows the caller inserts in the
     statement that inserts the operation (the proposal, one statement on PostgreSQL). The
-    dispatch is enqueued, and the live pages rung, once the transaction commits; a rollback
-    (the caller's insert lost a race) takes both with it."""
+    dispatch is enqueued (unless `publish` is false: the caller dispatches it itself once it
+    committed, ledger/request_dispatch.py), and the live pages rung, once the transaction
+    commits; a rollback (the caller's insert lost a race) takes both with it."""
     if operation.status != OperationStatus.AUTHORIZED or OperationStatus.AUTHORIZED not in Operation.TRANSITIONS[OperationStatus.PLANNED]:
         raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
     events = [
@@ -387,5 +388,6 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
                   evidence=evidence),
     ]
     ring_doorbell_on_commit(events)
-    _enqueue_dispatch_on_commit(operation)
+    if publish:
+        _enqueue_dispatch_on_commit(operation)
     return events

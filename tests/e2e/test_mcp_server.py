@@ -22,7 +22,7 @@ from approvals.models import Tool
 from console.celery import app as celery_app
 from console.models import Role
 from ledger.decisions import approval_approve, approval_reject
-from ledger.models import Call, Operation
+from ledger.models import Attempt, Call, Operation
 from runs.models import Task
 from sandbox.client import effects
 from tests.conftest import AGENT_TOKEN, OUTSIDER_TOKEN, make_user
@@ -153,6 +153,8 @@ def test_the_read_tool_answers_with_its_result_in_the_sessions_task(stack, agent
     task = Task.objects.get(pk=body["task_id"])
     assert task.actor == agent and task.idempotency_key.startswith("mcp:") and task.status == "running"
     assert Operation.objects.get(pk=body["operation_id"]).tool.name == "orders.lookup"
+    # Run by the server that answered the agent, not handed to a worker through the broker.
+    assert Attempt.objects.get(operation_id=body["operation_id"]).worker.startswith("server:")
 
 
 def test_parallel_first_calls_of_a_session_share_its_one_task(stack, agent):

@@ -3,7 +3,9 @@ answered when the call is final (or when the wait runs out), so an agent that pr
 waits sends one request, not a proposal and a poll. A call held for people is answered at once.
 
 The view waits on the event loop, reading the database from pool threads, so these tests commit
-(transaction=True) and move the ledger from a thread of their own, once the proposal committed."""
+(transaction=True) and move the ledger from a thread of their own, once the proposal committed.
+They wait for a worker (dispatch in the request off): the request's own dispatch is
+test_request_dispatch.py's."""
 
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ def post(path: str, body: dict, *, headers: dict[str, str] | None = None):
             await sync_to_async(connections.close_all)()
 
     return asyncio.run(run())
+
+
+@pytest.fixture(autouse=True)
+def dispatched_by_workers(settings):
+    settings.DISPATCH_IN_REQUEST = False
 
 
 @pytest.fixture

@@ -124,10 +124,10 @@ def test_an_attempt_in_flight_when_the_stop_comes_finishes_and_is_recorded(agent
     real_call = dispatcher._call_provider
     notices = []
 
-    def stop_during_the_call(op, attempt):
+    def stop_during_the_call(op, attempt, let_go=None):
         stop(admin)
         notices.append(control.authority_notice(Operation.objects.get(pk=op.pk)))
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", stop_during_the_call)
 

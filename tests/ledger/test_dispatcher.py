@@ -117,9 +117,9 @@ def test_it_does_not_dispatch_again_while_the_first_delivery_is_still_at_the_pro
     real_call = dispatcher._call_provider
     during_call = []
 
-    def call_while_a_duplicate_arrives(op, attempt):
+    def call_while_a_duplicate_arrives(op, attempt, let_go=None):
         during_call.append(run_dispatch(op.operation_id, worker="duplicate"))
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", call_while_a_duplicate_arrives)
 
@@ -351,13 +351,13 @@ def test_a_stale_workers_late_result_is_kept_on_its_attempt_and_changes_no_statu
     real_call = dispatcher._call_provider
     takeover = {}
 
-    def stalled_worker_a(op, attempt):
+    def stalled_worker_a(op, attempt, let_go=None):
         if attempt.worker == "A":
             later = timezone.now() + timedelta(seconds=PAYMENTS_TIMEOUT + GRACE_SECONDS + 0.1)
             takeover["sweep"] = run_sweep(now=later)
             takeover["reconcile"] = run_reconcile(op.operation_id, worker="test", now=later)
             takeover["b"] = run_dispatch(op.operation_id, worker="B")
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", stalled_worker_a)
 
@@ -381,8 +381,8 @@ def test_a_late_result_after_the_sweeper_gave_up_is_evidence_only(agent, tools, 
     operation = authorized_refund(agent, unique("ord"))
     real_call = dispatcher._call_provider
 
-    def slow_worker(op, attempt):
-        outcome = real_call(op, attempt)
+    def slow_worker(op, attempt, let_go=None):
+        outcome = real_call(op, attempt, let_go)
         run_sweep(now=op.dispatch_deadline + timedelta(milliseconds=1))
         return outcome
 
@@ -408,13 +408,13 @@ def test_a_worker_that_stalls_past_its_deadline_does_not_send_a_second_email(
     operation = authorized_mail(agent, f"{unique('customer')}@example.com")
     real_call = dispatcher._call_provider
 
-    def stalled_worker_a(op, attempt):
+    def stalled_worker_a(op, attempt, let_go=None):
         if attempt.worker == "A":
             later = op.dispatch_deadline + timedelta(milliseconds=1)
             run_sweep(now=later)
             run_reconcile(op.operation_id, worker="test", now=later)
             run_dispatch(op.operation_id, worker="B")
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", stalled_worker_a)
 
@@ -525,10 +525,10 @@ def test_a_second_refund_for_an_order_waits_while_the_first_is_dispatched(
     real_call = dispatcher._call_provider
     during_first = []
 
-    def first_is_at_the_provider(op, attempt):
+    def first_is_at_the_provider(op, attempt, let_go=None):
         if op.operation_id == first.operation_id:
             during_first.append(run_dispatch(second.operation_id, worker="other"))
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", first_is_at_the_provider)
 
@@ -553,10 +553,10 @@ def test_a_tenant_at_its_in_flight_limit_defers_new_dispatches(
     real_call = dispatcher._call_provider
     during_first = []
 
-    def first_is_at_the_provider(op, attempt):
+    def first_is_at_the_provider(op, attempt, let_go=None):
         if op.operation_id == first.operation_id:
             during_first.append(run_dispatch(second.operation_id, worker="other"))
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", first_is_at_the_provider)
     run_dispatch(first.operation_id, worker="test")

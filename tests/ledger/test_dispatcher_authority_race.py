@@ -68,10 +68,10 @@ def test_a_dispatch_claimed_before_the_withdrawal_finishes_and_is_recorded(agent
     claimed, withdrawn = threading.Event(), threading.Event()
     real_call = dispatcher._call_provider
 
-    def call_after_the_withdrawal(op, attempt):
+    def call_after_the_withdrawal(op, attempt, let_go=None):
         claimed.set()
         assert withdrawn.wait(timeout=30)
-        return real_call(op, attempt)
+        return real_call(op, attempt, let_go)
 
     monkeypatch.setattr(dispatcher, "_call_provider", call_after_the_withdrawal)
     result: list[str] = []

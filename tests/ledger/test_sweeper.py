@@ -34,7 +34,7 @@ class WorkerLost(BaseException):
 def dispatch_and_lose_the_worker(operation: Operation, monkeypatch) -> Operation:
     real_call = dispatcher._call_provider
 
-    def die(op, attempt):
+    def die(op, attempt, let_go=None):
         raise WorkerLost
 
     monkeypatch.setattr(dispatcher, "_call_provider", die)

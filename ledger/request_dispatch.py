@@ -1,0 +1,58 @@
+"""Dispatch in the request: a call the gate runs at once, whose agent waits for its outcome, is
+dispatched by the server thread that proposed it, right after the proposal commits.
+
+Through the broker, such a call crosses four hops before its agent hears of it: the server
+publishes, a worker picks the message up, the worker rings the server's doorbell when the
+receipt commits, and the server reads the outcome back. The agent is waiting on this server
+anyway, so the server runs the dispatch itself (Temporal calls the same idea eager dispatch).
+
+It is the worker's protocol, not a second one: `run_dispatch` with the same claim (every check
+of authority at the moment of effect), fencing token, provider call and receipt. Nothing is
+published for it, so a server that dies before its claim commits leaves the operation
+`authorized`, and the sweeper publishes it after REDISPATCH_AFTER_SECONDS, as it does for a
+lost message; one that dies after its claim leaves it `dispatched`, and the sweeper marks it
+`unknown` at its deadline for reconciliation, as it does for a lost worker.
+
+Only tools on the fast queue (a server thread does not wait on slow ones), and only with
+DISPATCH_IN_REQUEST on (a deployment whose web servers must not reach providers turns it off).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from approvals.models import Tool
+from ledger import tasks
+from ledger.dispatcher import run_dispatch
+
+logger = logging.getLogger(__name__)
+
+
+def applies(tool: Tool) -> bool:
+    return settings.DISPATCH_IN_REQUEST and tool.queue == Tool.Queue.FAST
+
+
+def server_name() -> str:
+    """The attempt's `worker`: which server ran it."""
+    return f"server:{socket.gethostname()}:{os.getpid()}"
+
+
+def dispatch(operation_id: str) -> str:
+    """Run the operation's dispatch in this thread. Call after the proposal committed, outside
+    any transaction. Returns what happened, as `run_dispatch` does.
+
+    Any failure is handed to the broker: before the claim committed, the message runs the
+    dispatch; after it, the message is a no-op (the ledger says `dispatched`) and the sweeper
+    settles the operation at its deadline. The proposal has committed, so its agent gets an
+    answer either way, never an error for a call that will still run."""
+    try:
+        return run_dispatch(operation_id, worker=server_name(), let_go=close_old_connections)
+    except Exception:  # noqa: BLE001 - the broker takes over whatever went wrong here
+        logger.warning("dispatch of %s in the request failed; handed to the broker", operation_id, exc_info=True)
+        tasks.enqueue_dispatch(operation_id, queue=Tool.Queue.FAST)
+        return "handed_to_broker"

@@ -1,0 +1,155 @@
+"""Dispatch in the request: a call the gate runs at once, proposed by an agent that waits for its outcome
+(`?wait=`), is dispatched by the request that proposed it, in the server's own thread, right after
+the proposal commits: no broker hop, no worker pickup, no ring back to the server. The protocol is
+the worker's (`ledger.dispatcher.run_dispatch`: the same claim, fencing token and receipt), so a
+server that dies mid-dispatch is recovered as a lost worker is (tests/chaos, `kill-server-*`).
+
+Against the real payments sandbox, which counts its effects. The proposals go through the ASGI
+view (`propose_call`), as an agent's do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import OperationalError, connection, connections
+from django.test import AsyncClient
+
+from approvals.models import Tool
+from ledger import dispatcher
+from ledger.models import Attempt, Operation
+from sandbox import client as sandbox
+from tests.conftest import AGENT_TOKEN
+from tests.fixtures.api import call_body, refund
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
+              pytest.mark.usefixtures("sandbox_settings", "tools")]
+
+AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+
+
+def post(path: str, body: dict):
+    async def run():
+        try:
+            return await AsyncClient().post(path, json.dumps(body), content_type="application/json", headers=AUTH)
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    return asyncio.run(run())
+
+
+def propose(running_task, *, wait: float | None = 20, **changes):
+    query = "" if wait is None else f"?wait={wait}"
+    return post(f"/api/v1/tasks/{running_task.task_id}/calls{query}", call_body(running_task, **changes))
+
+
+def effects_for(payments_url: str, operation: Operation) -> list[dict]:
+    return sandbox.effects(payments_url, key=operation.idempotency_key)
+
+
+def test_a_waiting_proposal_is_dispatched_by_its_own_request(running_task, enqueued, payments_url, unique):
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["status"], body["final"]) == ("confirmed", True)
+    assert body["result"]["object"] == "refund" and body["result"]["id"].startswith("re_")
+    operation = Operation.objects.get()
+    (attempt,) = Attempt.objects.all()
+    # The server's thread ran it: nothing went through the broker.
+    assert enqueued.dispatches == []
+    assert attempt.worker.startswith("server:")
+    assert len(effects_for(payments_url, operation)) == 1
+
+
+def test_a_repeat_of_the_proposal_answers_from_the_ledger_and_sends_nothing_again(
+        running_task, enqueued, payments_url, unique):
+    arguments = refund(order_id=unique("ord"))
+    first = propose(running_task, arguments=arguments)
+    again = propose(running_task, arguments=arguments)
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+    assert Attempt.objects.count() == 1 and enqueued.dispatches == []
+    assert len(effects_for(payments_url, Operation.objects.get())) == 1
+
+
+def test_without_a_wait_the_dispatch_goes_through_the_broker(running_task, enqueued):
+    response = propose(running_task, wait=None)
+
+    assert response.status_code == 201 and response.json()["status"] == "authorized"
+    assert enqueued.dispatched_ids() == [Operation.objects.get().operation_id]
+    assert not Attempt.objects.exists()
+
+
+def test_a_tool_on_the_slow_queue_is_left_to_its_workers(running_task, enqueued):
+    """Slow tools have workers of their own: a server thread does not wait on them."""
+    Tool.objects.filter(name="payments.refund").update(queue=Tool.Queue.SLOW)
+
+    response = propose(running_task, wait=0.2)
+
+    assert response.status_code == 201 and response.json()["status"] == "authorized"
+    assert enqueued.dispatches == [(Operation.objects.get().operation_id, {"queue": "slow", "countdown": None})]
+    assert not Attempt.objects.exists()
+
+
+def test_with_dispatch_in_request_off_every_dispatch_goes_through_the_broker(running_task, enqueued, settings):
+    settings.DISPATCH_IN_REQUEST = False
+
+    response = propose(running_task, wait=0.2)
+
+    assert response.status_code == 201 and response.json()["status"] == "authorized"
+    assert enqueued.dispatched_ids() == [Operation.objects.get().operation_id]
+    assert not Attempt.objects.exists()
+
+
+def test_a_claim_the_dispatcher_defers_is_left_to_the_broker_and_the_wait_goes_on(running_task, enqueued, settings):
+    settings.TENANT_MAX_IN_FLIGHT = 0  # every claim is deferred: the tenant is at its limit
+
+    response = propose(running_task, wait=0.3)
+
+    assert response.status_code == 201 and response.json()["status"] == "authorized"
+    ((operation_id, options),) = enqueued.dispatches
+    assert operation_id == Operation.objects.get().operation_id and options["countdown"] > 0
+    assert not Attempt.objects.exists()
+
+
+def test_a_dispatch_that_fails_before_its_claim_is_handed_to_the_broker(running_task, enqueued, monkeypatch):
+    """The proposal has committed: the agent gets its answer, and the call still runs."""
+    def database_gone(*args, **kwargs):
+        raise OperationalError("the connection was lost")
+
+    monkeypatch.setattr(dispatcher, "_claim", database_gone)
+
+    response = propose(running_task, wait=0.3)
+
+    assert response.status_code == 201 and response.json()["status"] == "authorized"
+    assert enqueued.dispatched_ids() == [Operation.objects.get().operation_id]
+
+
+def test_the_request_holds_no_database_connection_during_the_provider_call(
+        running_task, enqueued, monkeypatch, unique):
+    """A server's connections are a pool of a few; a provider may take its whole timeout."""
+    if connection.settings_dict.get("CONN_MAX_AGE"):
+        pytest.skip("connections kept per thread (embedded SQLite), not a pool's")
+    held = []
+    real = dispatcher.adapter_for
+
+    def adapter_for(tool):
+        adapter = real(tool)
+        execute = adapter.execute
+
+        def watched(*args, **kwargs):
+            held.append(connection.connection is not None)
+            return execute(*args, **kwargs)
+
+        adapter.execute = watched
+        return adapter
+
+    monkeypatch.setattr(dispatcher, "adapter_for", adapter_for)
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.json()["status"] == "confirmed"
+    assert held == [False]
