@@ -9,7 +9,8 @@ mid-commit (dbdrop.py); 4 concurrent identical proposals, 5 one call ID with oth
 12 two workers claiming one task (races.py); 13–15 pool children or workers killed, or workers
 stopped, at random moments under a mixed-fault load (random_kills.py); 16 authority withdrawn
 (tool disabled, agent deactivated, tier raised, tenant stopped) at a random moment around
-dispatch (authority.py).
+dispatch (authority.py); 19 the API server killed at a seam of a dispatch it runs itself
+(server_kills.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from chaos.dbdrop import connection_drop
 from chaos.invariants import Expect, Finding
 from chaos.races import call_id_mismatch, concurrent_proposals, stale_lease
 from chaos.random_kills import random_faults
+from chaos.server_kills import kill_server_mid_dispatch
 from chaos.stack import ChaosStack
 from chaos.tool_kills import kill_http_tool, kill_mcp_tool
 from chaos.world import (  # noqa: F401 - ensure_world and QUIET_SECONDS are used through this module
@@ -289,6 +291,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(16, "kill-http-tool", kill_http_tool),
     Scenario(17, "kill-mcp-tool", kill_mcp_tool, mcp_server=True),
     Scenario(18, "authority-withdrawn", authority_withdrawn),
+    Scenario(19, "kill-server-mid-dispatch", kill_server_mid_dispatch, api_server=True),
 )}
 
 

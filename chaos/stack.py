@@ -149,7 +149,8 @@ class ChaosStack:
             self.beat_child.start(log_dir=logs)
         if self.api_server:
             port = _free_port()
-            self.server_child = Child("server", python("-m", "uvicorn", "console.asgi:application", "--host",
+            # With the seam hook: the server runs the dispatches of the agents that wait.
+            self.server_child = Child("server", python("-m", "chaos.server", "console.asgi:application", "--host",
                                                        "127.0.0.1", "--port", str(port), "--lifespan", "off",
                                                        "--log-level", "warning"), env=env)
             self.server_child.start(log_dir=logs)

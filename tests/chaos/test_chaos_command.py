@@ -36,10 +36,10 @@ def test_scenario_6_needs_postgresql_and_is_skipped_only_within_all():
     from console.management.commands.chaos import runnable_on
 
     every = list(scenarios.SCENARIOS.values())
-    assert sorted(s.number for s in every) == list(range(1, 19))
+    assert sorted(s.number for s in every) == list(range(1, 20))
     drop = scenarios.get_scenario("6")
     with pytest.raises(CommandError, match="needs PostgreSQL"):
         runnable_on([drop], "sqlite")
     run, skipped = runnable_on(every, "sqlite")
-    assert skipped == [drop] and drop not in run and len(run) == 17
+    assert skipped == [drop] and drop not in run and len(run) == 18
     assert runnable_on(every, "postgresql") == (every, [])
