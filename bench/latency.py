@@ -24,7 +24,7 @@ ledger's own timestamps (same machine, same clock):
 | stage    | from → to                                                                    |
 |----------|------------------------------------------------------------------------------|
 | propose  | request sent → operation created (the proposal's request, up to its insert)   |
-| pickup   | operation created → claimed (`dispatched` event): commit, publish, broker, worker |
+| pickup   | operation created → claimed (`dispatched` event): the commit, then the request's own claim (dispatch in the request) or publish, broker, worker |
 | provider | attempt started → finished (the adapter's HTTP call)                          |
 | receipt  | attempt finished → `confirmed` event                                         |
 | wake     | `confirmed` event → the agent holds the final answer (the waiting request's answer) |
@@ -38,7 +38,10 @@ On PostgreSQL + Redis every agent also sends each call through the pipeline floo
 (`bench/pipeline_floor.py`: the same processes and hops, a bare ASGI app and a bare worker,
 three commits and two Redis hops, no Django or Celery), interleaved with the product's call and
 the direct read: "floor's overhead" is what this architecture costs on this machine at the
-moment of the run, the yardstick for the product's overhead.
+moment of the run. The product dispatches such a call in the request that proposed it
+(ledger/request_dispatch.py), so the floor's server does the same too (`/call-here`: three
+commits and the provider read in the server, no broker): "its overhead" is the yardstick for
+the product's overhead now; the broker's floor stays beside it, for calls a worker runs.
 
 Nothing is asserted: the machine is shared and noisy; read medians, repeat, and record figures
 with the machine's load in docs/benchmarks.md.
@@ -216,6 +219,7 @@ class Sample:
     healthz_ms: float
     polls: int = 0
     floor_ms: float | None = None  # the same call through the pipeline floor (PostgreSQL + Redis)
+    floor_here_ms: float | None = None  # the same call through the floor's dispatch in the request
 
 
 def start_task(client: httpx.Client, name: str) -> tuple[str, int, int]:
@@ -260,12 +264,17 @@ def one_call(client: httpx.Client, direct: httpx.Client, task: tuple[str, int, i
     began = time.perf_counter()
     client.get("/healthz").raise_for_status()
     healthz_ms = (time.perf_counter() - began) * 1000
-    floor_ms = None
+    floor_ms = floor_here_ms = None
     if floor is not None:
-        began = time.perf_counter()
-        assert floor.post("/call", json={"order_id": f"ord-{tag}"}).raise_for_status().json()["status"] == "confirmed"
-        floor_ms = (time.perf_counter() - began) * 1000
-    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms, polls, floor_ms)
+        floor_ms, floor_here_ms = (_floor_call(floor, path, tag) for path in ("/call", "/call-here"))
+    return Sample(answer["operation_id"], sent, answered, final, status, direct_ms, healthz_ms, polls, floor_ms,
+                  floor_here_ms)
+
+
+def _floor_call(floor: httpx.Client, path: str, tag: str) -> float:
+    began = time.perf_counter()
+    assert floor.post(path, json={"order_id": f"ord-{tag}"}).raise_for_status().json()["status"] == "confirmed"
+    return (time.perf_counter() - began) * 1000
 
 
 def in_threads(count: int, work: Callable[[int], list]) -> list:
@@ -337,10 +346,12 @@ def report(mode: str, agents: int, samples: list[Sample], times: dict[str, tuple
     print(line("through Countersign", through))
     print(line("direct to provider", direct))
     print(line("overhead", overhead))
-    floors = [(s.floor_ms, s.direct_ms) for s in samples if s.floor_ms is not None]
+    floors = [(s.floor_ms, s.floor_here_ms, s.direct_ms) for s in samples if s.floor_ms is not None]
     if floors:
-        print(line("pipeline floor", [f for f, _ in floors]))
-        print(line("floor's overhead", [f - d for f, d in floors]))
+        print(line("pipeline floor", [f for f, _, _ in floors]))
+        print(line("floor's overhead", [f - d for f, _, d in floors]))
+        print(line("in-request floor", [h for _, h, _ in floors]))
+        print(line("its overhead", [h - d for _, h, d in floors]))
     print(line("/healthz", healthz))
     print("  where the time went:")
     for name in STAGES:

@@ -10,6 +10,10 @@ path, which this copies hop for hop:
                     the receipt, ring (Redis publish)
     agent ◀──HTTP── ASGI server: the ring wakes the waiting request, which answers
 
+and, for a call the product dispatches in the request (ledger/request_dispatch.py), `POST
+/call-here`: the server itself commits the call, commits the claim, calls the provider, commits
+the receipt and answers — no broker, no worker, no ring.
+
 Here the server is a bare ASGI callable under the same uvicorn (uvloop, httptools; one process,
 as `make run` starts one), writing with async psycopg from a pool and waiting on one Redis
 subscription per process; the worker is a plain process of threads, each blocked in BRPOP with
@@ -68,6 +72,7 @@ class Server:
     def __init__(self) -> None:
         self.pool = None
         self.redis = None
+        self.provider: httpx.AsyncClient | None = None
         self.waiting: dict[str, asyncio.Future] = {}
         self.listener: asyncio.Task | None = None
 
@@ -79,6 +84,7 @@ class Server:
                                         kwargs={"autocommit": True}, open=False)
         await self.pool.open(wait=True)
         self.redis = aioredis.Redis.from_url(os.environ["FLOOR_REDIS_URL"])
+        self.provider = httpx.AsyncClient(base_url=os.environ["FLOOR_PROVIDER_URL"], timeout=30)
         self.listener = asyncio.get_running_loop().create_task(self.listen())
 
     async def listen(self) -> None:
@@ -105,6 +111,19 @@ class Server:
                                                        [row[0]])).fetchone()
         return json.dumps({"call_id": call_id, "status": status, "result": result}).encode()
 
+    async def call_here(self, body: bytes) -> bytes:
+        """The dispatch in the request: the same three commits and provider read, in this process."""
+        order_id = json.loads(body)["order_id"]
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(f"INSERT INTO {TABLE} (order_id, status) VALUES (%s, 'created') "
+                                            "RETURNING id", [order_id])).fetchone()
+            await conn.execute(f"UPDATE {TABLE} SET status = 'dispatched' WHERE id = %s", [row[0]])  # the claim
+        result = (await self.provider.get(f"/orders/{order_id}")).text
+        async with self.pool.connection() as conn:
+            await conn.execute(f"UPDATE {TABLE} SET status = 'confirmed', result = %s WHERE id = %s",
+                               [result, row[0]])  # the receipt
+        return json.dumps({"call_id": str(row[0]), "status": "confirmed", "result": result}).encode()
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             while True:
@@ -121,7 +140,10 @@ class Server:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        answer = await self.call(body) if scope["method"] == "POST" else b"{}"
+        if scope["method"] != "POST":
+            answer = b"{}"
+        else:
+            answer = await (self.call_here(body) if scope["path"] == "/call-here" else self.call(body))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": answer})

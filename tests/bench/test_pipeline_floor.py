@@ -1,7 +1,8 @@
 """The latency benchmark's pipeline floor (bench/pipeline_floor.py) stands for the product's
 path at its least: a call is answered only after every hop the product makes — committed,
 handed through the broker to a worker process, read from the provider, its receipt committed,
-rung back — or the floor would be cheaper than the path it is read against."""
+rung back — or the floor would be cheaper than the path it is read against. Its dispatch in the
+request (`/call-here`) commits the call, its claim and its receipt around the provider's read."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def test_a_call_through_the_floor_is_answered_after_its_receipt_with_the_provide
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY status")
         assert cursor.fetchall() == [("confirmed", 3)]
+
+
+def test_a_call_dispatched_in_the_floors_request_commits_every_step_and_carries_the_answer(payments_sandbox):
+    pipeline = Pipeline(database_url(), os.environ["CELERY_BROKER_URL"], payments_sandbox.base_url).start()
+    try:
+        answer = httpx.post(f"{pipeline.url}/call-here", json={"order_id": "ord-floor-here"}, timeout=30).json()
+    finally:
+        pipeline.stop()
+
+    assert answer["status"] == "confirmed"
+    assert answer["result"] == httpx.get(f"{payments_sandbox.base_url}/orders/ord-floor-here", timeout=5).text
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT status, result FROM {TABLE} WHERE order_id = 'ord-floor-here'")
+        assert cursor.fetchall() == [("confirmed", answer["result"])]
