@@ -229,8 +229,9 @@ class CallProposeApi(APIView):
             principal=request.user, task_id=task_id, call_id=data["call_id"], step_id=data["step_id"],
             tool_name=data["tool"], arguments=data["arguments"], expected_version=data["expected_version"],
             fencing_token=data["fencing_token"],
-            # A wait is served by `_propose_and_let_go`, which dispatches what this leaves to it.
-            dispatch_here=wait > 0,
+            # Set by `_propose_and_let_go` (a wait, and one of the server's dispatch slots free),
+            # which dispatches what this leaves to it.
+            dispatch_here=wait > 0 and getattr(request, "dispatch_here", False),
         )
         response = Response(proposal_body(proposal, request),
                             status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK)
@@ -270,11 +271,13 @@ def _propose_and_let_go(request: HttpRequest, task_id: str):
     (as the end of a request gives it back): a proposal that waits holds none meanwhile, or a
     few waiting proposals would leave none for the reads that answer them."""
     try:
-        response = _propose_view(request, task_id=task_id)
-        proposal = getattr(response, "proposal", None)
-        if proposal is None or not proposal.dispatch_here:
-            return response
-        request_dispatch.dispatch(proposal.operation_id)
+        with request_dispatch.slot() as free:
+            request.dispatch_here = free  # read by `CallProposeApi.post`
+            response = _propose_view(request, task_id=task_id)
+            proposal = getattr(response, "proposal", None)
+            if proposal is None or not proposal.dispatch_here:
+                return response
+            request_dispatch.dispatch(proposal.operation_id)
         now = _as_now(proposal)
         answer = _json(proposal_body(now, request), status_code=response.status_code)
         answer.proposal, answer.wait = now, response.wait

@@ -297,12 +297,13 @@ class McpServer:
                        arguments: dict[str, Any]):
         """The proposal; a call the gate runs at once is then dispatched here, as the agent
         waits for it (`ledger.request_dispatch`)."""
-        proposal = await db_hop(call_propose)(
-            principal=principal, task_id=task.task_id, call_id=call_id, step_id=call_id, tool_name=tool_name,
-            arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token,
-            dispatch_here=True)
-        if proposal.dispatch_here:
-            await db_hop(request_dispatch.dispatch)(proposal.operation_id)
+        with request_dispatch.slot() as here:
+            proposal = await db_hop(call_propose)(
+                principal=principal, task_id=task.task_id, call_id=call_id, step_id=call_id, tool_name=tool_name,
+                arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token,
+                dispatch_here=here)
+            if proposal.dispatch_here:
+                await db_hop(request_dispatch.dispatch)(proposal.operation_id)
         return proposal
 
     async def _wait_tool(self, principal: AgentPrincipal, session_id: str, base_url: str,

@@ -13,8 +13,10 @@ published for it, so a server that dies before its claim commits leaves the oper
 lost message; one that dies after its claim leaves it `dispatched`, and the sweeper marks it
 `unknown` at its deadline for reconciliation, as it does for a lost worker.
 
-Only tools on the fast queue (a server thread does not wait on slow ones), and only with
-DISPATCH_IN_REQUEST on (a deployment whose web servers must not reach providers turns it off).
+Only tools on the fast queue (a server thread does not wait on slow ones), only with
+DISPATCH_IN_REQUEST on (a deployment whose web servers must not reach providers turns it off),
+and at most DISPATCH_IN_REQUEST_SLOTS at once per server process: a provider that hangs must not
+pile up the server's threads, and past that many the calls go to the workers, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -31,6 +36,26 @@ from ledger import tasks
 from ledger.dispatcher import run_dispatch
 
 logger = logging.getLogger(__name__)
+
+
+_slots_lock = threading.Lock()
+_slots_taken = 0
+
+
+@contextmanager
+def slot() -> Iterator[bool]:
+    """One of this process's DISPATCH_IN_REQUEST_SLOTS for the body of the `with`, if one is
+    free (yields True; it is given back at the end), else yields False at once: never waits."""
+    global _slots_taken
+    with _slots_lock:
+        taken = _slots_taken < settings.DISPATCH_IN_REQUEST_SLOTS
+        _slots_taken += taken
+    try:
+        yield taken
+    finally:
+        if taken:
+            with _slots_lock:
+                _slots_taken -= 1
 
 
 def applies(tool: Tool) -> bool:

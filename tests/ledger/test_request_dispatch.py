@@ -18,7 +18,7 @@ from django.db import OperationalError, connection, connections
 from django.test import AsyncClient
 
 from approvals.models import Tool
-from ledger import dispatcher
+from ledger import dispatcher, request_dispatch
 from ledger.models import Attempt, Operation
 from sandbox import client as sandbox
 from tests.conftest import AGENT_TOKEN
@@ -153,3 +153,25 @@ def test_the_request_holds_no_database_connection_during_the_provider_call(
 
     assert response.json()["status"] == "confirmed"
     assert held == [False]
+
+
+def test_when_the_servers_dispatch_slots_are_taken_the_call_goes_through_the_broker(running_task, enqueued, settings):
+    """A server runs at most DISPATCH_IN_REQUEST_SLOTS provider calls at once (a hanging provider
+    must not pile up threads in it): past that, workers take them, as before."""
+    settings.DISPATCH_IN_REQUEST_SLOTS = 1
+    with request_dispatch.slot() as taken:  # another agent's call holds the only slot
+        assert taken
+        response = propose(running_task, wait=0.2)
+
+    assert response.status_code == 201 and response.json()["status"] == "authorized"
+    assert enqueued.dispatched_ids() == [Operation.objects.get().operation_id]
+    assert not Attempt.objects.exists()
+
+
+def test_a_slot_is_given_back_whatever_the_proposal_answered(running_task, enqueued, settings, unique):
+    settings.DISPATCH_IN_REQUEST_SLOTS = 1
+    refused = propose(running_task, tool="no.such.tool")
+    ran = propose(running_task, call_id="call-2", step_id="step-2", arguments=refund(order_id=unique("ord")))
+
+    assert refused.status_code == 400
+    assert ran.json()["status"] == "confirmed" and enqueued.dispatches == []
