@@ -1,7 +1,7 @@
 """CPU of one proposal in this process, on PostgreSQL: the service call and the whole request.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/cs_bench_propose \\
-        .venv/bin/python bench/propose_cpu.py [--count 2000] [--rounds 3] [--profile service|request]
+        .venv/bin/python bench/propose_cpu.py [--count 2000] [--rounds 3] [--profile service|request|dispatched]
 
 Two targets, each `--count` proposals of calls the gate runs at once (a new step and call ID
 each, one task), `--rounds` times, interleaved:
@@ -11,6 +11,9 @@ each, one task), `--rounds` times, interleaved:
 - request: `POST /api/v1/tasks/{id}/calls` through Django's test client (no HTTP, no ASGI):
   the middleware, authentication, rate limit, DRF parsing and serializers, the service call and
   the response.
+- dispatched: the same request with `?wait=`, so the request dispatches the call itself
+  (ledger/request_dispatch.py: the claim, the provider — here the in-process no-op — and the
+  receipt) and answers `confirmed`: everything a waiting agent's call costs the server's CPU.
 
 Printed: `time.process_time` per proposal (CPU, which leaves out the waits for the database and
 for a core, so it holds on a loaded machine better than latency), the median of the rounds, and
@@ -40,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", choices=("service", "request"))
+    parser.add_argument("--profile", choices=("service", "request", "dispatched"))
     args = parser.parse_args(argv)
 
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
         parser.error("DATABASE_URL must name a PostgreSQL database")
     bench_ledger.ensure_database(url)
+    # The server's connections come from a pool (console.asgi): a request that gives its
+    # connection back (the dispatch does, for the provider call) takes one again from it.
+    os.environ.setdefault("DATABASE_POOL", "10")
     bench_ledger.setup_django(url)
     bench_ledger.ensure_fixtures()
     os.environ.setdefault("RATE_LIMIT_ENABLED", "true")
@@ -77,7 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         if response.status_code != 201:
             raise RuntimeError(f"POST calls answered {response.status_code}: {response.content[:300]!r}")
 
-    targets = {"service": service, "request": request}
+    def dispatched() -> None:
+        n = next(seq)
+        response = client.post(f"/api/v1/tasks/{run.task_id}/calls?wait=10", {
+            "call_id": f"d{n}", "step_id": f"d{n}", "tool": bench_ledger.TOOL, "arguments": {"n": n},
+            "expected_version": run.version, "fencing_token": run.fencing_token,
+        }, content_type="application/json")
+        if response.status_code != 201 or response.json()["status"] != "confirmed":
+            raise RuntimeError(f"POST calls?wait answered {response.status_code}: {response.content[:300]!r}")
+
+    targets = {"service": service, "request": request, "dispatched": dispatched}
     for target in targets.values():
         for _ in range(50):  # warm: the gate's configuration, prepared statements, caches
             target()
