@@ -54,7 +54,7 @@ from console.ratelimit import rate_limit_hit
 from ledger import request_dispatch
 from ledger.answers import answer_json
 from ledger.longpoll import db_hop, wait_for_change
-from ledger.proposals import MAX_CALL_ID, call_propose
+from ledger.proposals import MAX_CALL_ID, Proposal, call_propose
 from ledger.selectors import WAIT_ENDS, Outcome, call_detail, call_for_principal, call_status
 from ledger.starts import task_start
 
@@ -159,6 +159,17 @@ async def _wait(principal: AgentPrincipal, call_id: str, task_id: str, seconds: 
     if status in WAIT_ENDS:
         return
     await wait_for_change(call_pk, status, seconds, until=WAIT_ENDS, operation_id=operation_id)
+
+
+def _propose_and_dispatch(**proposal: Any) -> Proposal:
+    """The proposal; a call the gate runs at once is then dispatched in this thread, as the
+    agent waits for it (`ledger.request_dispatch`). One thread holds the slot until the dispatch
+    ends, whatever happens to the agent's request meanwhile."""
+    with request_dispatch.slot() as free:
+        answer = call_propose(**proposal, dispatch_here=free)
+        if answer.dispatch_here:
+            request_dispatch.dispatch(answer.operation_id)
+    return answer
 
 
 def _result(body: dict[str, Any]) -> types.CallToolResult:
@@ -295,16 +306,9 @@ class McpServer:
     @staticmethod
     async def _propose(principal: AgentPrincipal, task: _SessionTask, call_id: str, tool_name: str,
                        arguments: dict[str, Any]):
-        """The proposal; a call the gate runs at once is then dispatched here, as the agent
-        waits for it (`ledger.request_dispatch`)."""
-        with request_dispatch.slot() as here:
-            proposal = await db_hop(call_propose)(
-                principal=principal, task_id=task.task_id, call_id=call_id, step_id=call_id, tool_name=tool_name,
-                arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token,
-                dispatch_here=here)
-            if proposal.dispatch_here:
-                await db_hop(request_dispatch.dispatch)(proposal.operation_id)
-        return proposal
+        return await db_hop(_propose_and_dispatch)(
+            principal=principal, task_id=task.task_id, call_id=call_id, step_id=call_id, tool_name=tool_name,
+            arguments=arguments, expected_version=task.version, fencing_token=task.fencing_token)
 
     async def _wait_tool(self, principal: AgentPrincipal, session_id: str, base_url: str,
                          arguments: dict[str, Any]) -> types.CallToolResult:
