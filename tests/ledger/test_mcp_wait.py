@@ -11,7 +11,8 @@ import threading
 import pytest
 from django.db import connection
 
-from ledger import mcp_server
+from console.lib.procs import wait_until
+from ledger import longpoll, mcp_server
 from ledger import services as ledger_services
 from ledger.models import Fact, Operation
 from tests.fixtures.api import call_body
@@ -39,10 +40,14 @@ def test_a_call_that_runs_is_read_once_and_waited_for_until_it_is_final(api, age
     dispatch_heard = rings_heard
 
     def move_on():
-        # Once the waiter read the call: dispatched; once the doorbell took that in (read it, or
-        # knew from the ring that `dispatched` answers nothing): confirmed.
+        # Once the waiter read the call and watches it: dispatched; once the doorbell took that in
+        # (read it, or knew from the ring that `dispatched` answers nothing): confirmed. (A ring
+        # between the read and the watch would be heard by no watch: the waiter's `since` covers
+        # that case, but then no ring with a watch ever comes, and `dispatch_heard` stays unset.)
         try:
             read_once.wait(20)
+            wait_until(lambda: any(bell.watches for bell in list(longpoll.Doorbell._by_loop.values())),
+                       timeout=20, what="the waiter's watch", interval=0.005)
             dispatch_heard.clear()
             _, attempt = ledger_services.operation_dispatch(operation_id=operation_id, worker="test-worker")
             dispatch_heard.wait(20)
