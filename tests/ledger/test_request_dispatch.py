@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -18,7 +19,9 @@ from django.db import OperationalError, connection, connections
 from django.test import AsyncClient
 
 from approvals.models import Tool
-from ledger import dispatcher, request_dispatch
+from console.lib.procs import wait_until
+from ledger import dispatcher, request_dispatch, seams
+from ledger.dispatcher import run_dispatch
 from ledger.models import Attempt, Operation
 from sandbox import client as sandbox
 from tests.conftest import AGENT_TOKEN
@@ -175,3 +178,61 @@ def test_a_slot_is_given_back_whatever_the_proposal_answered(running_task, enque
 
     assert refused.status_code == 400
     assert ran.json()["status"] == "confirmed" and enqueued.dispatches == []
+
+
+def _backend_waits_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return bool(row) and row[0] == "Lock"
+
+
+def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
+        running_task, enqueued, payments_url, unique):
+    """A worker's dispatch of the same operation (a message the sweeper published, say) arrives
+    while the request's claim is about to commit: it waits for the row, then finds the operation
+    `dispatched` and leaves it. One attempt, one effect. Real threads on PostgreSQL's row locks."""
+    if connection.vendor != "postgresql":
+        pytest.skip("waits on PostgreSQL's row lock (SQLite takes one writer at a time anyway)")
+    at_seam, release = threading.Event(), threading.Event()
+    operations: list[str] = []
+
+    def hold_the_request_before_its_commit(name: str, operation_id: str) -> None:
+        if name == "before_dispatch_commit" and not operations:
+            operations.append(operation_id)
+            at_seam.set()
+            assert release.wait(timeout=30)
+
+    previous = seams.install(hold_the_request_before_its_commit)
+    worker: dict = {}
+
+    def racing_worker():
+        try:
+            assert at_seam.wait(timeout=30)
+            worker["pid"] = connection.cursor().connection.info.backend_pid
+            worker["result"] = run_dispatch(operations[0], worker="racing-worker")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=racing_worker)
+    thread.start()
+    try:
+        # The body read here: the agent's thread touches no database connection of its own.
+        path = f"/api/v1/tasks/{running_task.task_id}/calls?wait=20"
+        body = call_body(running_task, arguments=refund(order_id=unique("ord")))
+        agent = threading.Thread(target=lambda: worker.update(response=post(path, body)))
+        agent.start()
+        wait_until(lambda: "pid" in worker and _backend_waits_on_a_lock(worker["pid"]), timeout=30,
+                   what="the worker waiting for the operation's row", interval=0.01)
+        release.set()
+        agent.join(timeout=30)
+        thread.join(timeout=30)
+    finally:
+        release.set()
+        seams.install(previous)
+
+    assert worker["response"].json()["status"] == "confirmed"
+    assert worker["result"] == "noop:dispatched"
+    (attempt,) = Attempt.objects.all()
+    assert attempt.worker.startswith("server:")
+    assert len(effects_for(payments_url, Operation.objects.get())) == 1
