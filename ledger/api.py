@@ -41,6 +41,7 @@ from console.api import (
     errors,
     principal_for_authorization,
 )
+from console.lib import sql
 from console.lib.errors import DomainError, InvalidInput
 from ledger import request_dispatch
 from ledger.answers import (
@@ -52,6 +53,7 @@ from ledger.answers import (
 from ledger.longpoll import Doorbell, db_hop
 from ledger.models import Operation
 from ledger.proposals import MAX_CALL_ID, MAX_STEP_ID, Proposal, call_dry_run, call_propose
+from ledger.queries import NOW_FIELDS, NOW_SQL
 from ledger.selectors import (
     CALL_STATUSES,
     FINAL_STATUSES,
@@ -320,9 +322,12 @@ def _proposal_now(request: HttpRequest, proposal: Proposal, status_code: int) ->
 
 
 def _as_now(proposal: Proposal) -> Proposal:
-    current, result = Operation.objects.values_list("status", "result").get(pk=proposal.operation_id)
-    return replace(proposal, status=current, result=result,
-                   outcome=replace(proposal.outcome, final=current in FINAL_STATUSES))
+    # A statement written by hand: the answer of every waiting proposal reads it.
+    connection = sql.connection_for(Operation)
+    now = sql.load(Operation, sql.fetchone(connection, NOW_SQL, [proposal.operation_id]), connection=connection,
+                   only=NOW_FIELDS)
+    return replace(proposal, status=now.status, result=now.result,
+                   outcome=replace(proposal.outcome, final=now.status in FINAL_STATUSES))
 
 
 # drf-spectacular documents any URL whose callback names an APIView class.

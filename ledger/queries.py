@@ -139,6 +139,12 @@ HISTORY_SQL = (
     + _then_call_ids(_ATTEMPT_WIDTH, _ATTEMPT_NUMBER)
 )
 
+# What a proposal that waited answers (ledger.api._as_now): its operation's status and result as
+# they are now, read as `sql.load(..., only=NOW_FIELDS)` reads them. Parameter: the operation id.
+NOW_FIELDS = ("operation_id", "status", "result")
+NOW_SQL = (f"SELECT {sql.columns(Operation, 'o', only=NOW_FIELDS)} FROM {sql.table(Operation)} o "
+           f"WHERE {_col(Operation, 'pk', 'o')} = %s")
+
 
 SHAPES = {
     "claim_sql": sql.Shape(
@@ -160,6 +166,8 @@ SHAPES = {
     "ANSWER_SQL": sql.Shape(
         tables={"o": Operation, "t": Tool, "s": Step, "k": Task, "a": Attempt, "c": Call},
         params=((Operation, "operation_id"), (Call, "operation")), scalars=_OPERATION_WIDTH + 3 + _ATTEMPT_WIDTH + 3),
+    "NOW_SQL": sql.Shape(
+        tables={"o": Operation}, params=((Operation, "operation_id"),), scalars=sql.width(Operation, only=NOW_FIELDS)),
     "HISTORY_SQL": sql.Shape(
         tables={"a": Attempt, "c": Call}, params=((Attempt, "operation"), (Call, "operation")),
         scalars=_ATTEMPT_WIDTH + 3),
