@@ -193,7 +193,9 @@ def fetchall(connection, sql: str, params: Sequence[Any]) -> list[Row]:
     return cur.fetchall()
 
 
+@cache
 def _field(model: type[models.Model], name: str) -> models.Field:
+    # Cached: asked for every value of every statement the hot path writes.
     field = model._meta.pk if name == "pk" else model._meta.get_field(name)
     if not field.concrete:
         raise ValueError(f"{model.__name__}.{name} is not a column")
