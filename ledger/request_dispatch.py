@@ -37,7 +37,6 @@ from ledger.dispatcher import run_dispatch
 
 logger = logging.getLogger(__name__)
 
-
 _slots_lock = threading.Lock()
 _slots_taken = 0
 
@@ -49,7 +48,8 @@ def slot() -> Iterator[bool]:
     global _slots_taken
     with _slots_lock:
         taken = _slots_taken < settings.DISPATCH_IN_REQUEST_SLOTS
-        _slots_taken += taken
+        if taken:
+            _slots_taken += 1
     try:
         yield taken
     finally:
