@@ -74,23 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         if not proposal.created:
             raise RuntimeError(f"proposal s{n}: {proposal.decision}")
 
-    def request() -> None:
+    def post(query: str, status: str) -> None:
         n = next(seq)
-        response = client.post(f"/api/v1/tasks/{run.task_id}/calls", {
+        response = client.post(f"/api/v1/tasks/{run.task_id}/calls{query}", {
             "call_id": f"r{n}", "step_id": f"r{n}", "tool": bench_ledger.TOOL, "arguments": {"n": n},
             "expected_version": run.version, "fencing_token": run.fencing_token,
         }, content_type="application/json")
-        if response.status_code != 201:
-            raise RuntimeError(f"POST calls answered {response.status_code}: {response.content[:300]!r}")
+        if response.status_code != 201 or response.json()["status"] != status:
+            raise RuntimeError(f"POST calls{query} answered {response.status_code}: {response.content[:300]!r}")
+
+    def request() -> None:
+        post("", "authorized")
 
     def dispatched() -> None:
-        n = next(seq)
-        response = client.post(f"/api/v1/tasks/{run.task_id}/calls?wait=10", {
-            "call_id": f"d{n}", "step_id": f"d{n}", "tool": bench_ledger.TOOL, "arguments": {"n": n},
-            "expected_version": run.version, "fencing_token": run.fencing_token,
-        }, content_type="application/json")
-        if response.status_code != 201 or response.json()["status"] != "confirmed":
-            raise RuntimeError(f"POST calls?wait answered {response.status_code}: {response.content[:300]!r}")
+        post("?wait=10", "confirmed")
 
     targets = {"service": service, "request": request, "dispatched": dispatched}
     for target in targets.values():

@@ -21,7 +21,13 @@ from ledger.dispatcher import run_dispatch
 from ledger.models import Operation, OperationStatus
 from tests.conftest import make_user
 from tests.factories import make_pending_approval
-from tests.fixtures.dispatch import attempts_of, authorized_refund, effects_of, reload
+from tests.fixtures.dispatch import (
+    attempts_of,
+    authorized_refund,
+    backend_waits_on_a_lock,
+    effects_of,
+    reload,
+)
 
 S = OperationStatus
 pytestmark = [
@@ -221,13 +227,6 @@ def test_authority_withdrawn_at_random_moments_is_never_dispatched_on(agent, too
     assert tally["withdrawn_first"] > 0
 
 
-def _backend_waits_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return bool(row) and row[0] == "Lock"
-
-
 @pytest.mark.parametrize("kind", WITHDRAWALS)
 def test_a_claim_that_read_its_authority_before_a_withdrawal_commits_before_it_or_not_at_all(
         agent, tools, admin, payments_url, unique, kind):
@@ -262,7 +261,7 @@ def test_a_claim_that_read_its_authority_before_a_withdrawal_commits_before_it_o
         taker.start()
         # The withdrawal has either committed or is waiting for the claim's locks.
         wait_until(lambda: "attempts_at_commit" in withdrawal or
-                   ("pid" in withdrawal and _backend_waits_on_a_lock(withdrawal["pid"])),
+                   ("pid" in withdrawal and backend_waits_on_a_lock(withdrawal["pid"])),
                    timeout=30, what="the withdrawal to commit or wait", interval=0.01)
         release.set()
         worker.join(timeout=60)

@@ -23,9 +23,9 @@ from console.lib.procs import wait_until
 from ledger import dispatcher, request_dispatch, seams
 from ledger.dispatcher import run_dispatch
 from ledger.models import Attempt, Operation
-from sandbox import client as sandbox
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import call_body, refund
+from tests.fixtures.dispatch import backend_waits_on_a_lock, effects_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
               pytest.mark.usefixtures("sandbox_settings", "tools")]
@@ -48,10 +48,6 @@ def propose(running_task, *, wait: float | None = 20, **changes):
     return post(f"/api/v1/tasks/{running_task.task_id}/calls{query}", call_body(running_task, **changes))
 
 
-def effects_for(payments_url: str, operation: Operation) -> list[dict]:
-    return sandbox.effects(payments_url, key=operation.idempotency_key)
-
-
 def test_a_waiting_proposal_is_dispatched_by_its_own_request(running_task, enqueued, payments_url, unique):
     response = propose(running_task, arguments=refund(order_id=unique("ord")))
 
@@ -64,7 +60,7 @@ def test_a_waiting_proposal_is_dispatched_by_its_own_request(running_task, enque
     # The server's thread ran it: nothing went through the broker.
     assert enqueued.dispatches == []
     assert attempt.worker.startswith("server:")
-    assert len(effects_for(payments_url, operation)) == 1
+    assert len(effects_of(payments_url, operation)) == 1
 
 
 def test_a_repeat_of_the_proposal_answers_from_the_ledger_and_sends_nothing_again(
@@ -76,7 +72,7 @@ def test_a_repeat_of_the_proposal_answers_from_the_ledger_and_sends_nothing_agai
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json() == first.json()
     assert Attempt.objects.count() == 1 and enqueued.dispatches == []
-    assert len(effects_for(payments_url, Operation.objects.get())) == 1
+    assert len(effects_of(payments_url, Operation.objects.get())) == 1
 
 
 def test_without_a_wait_the_dispatch_goes_through_the_broker(running_task, enqueued):
@@ -180,13 +176,6 @@ def test_a_slot_is_given_back_whatever_the_proposal_answered(running_task, enque
     assert ran.json()["status"] == "confirmed" and enqueued.dispatches == []
 
 
-def _backend_waits_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return bool(row) and row[0] == "Lock"
-
-
 def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
         running_task, enqueued, payments_url, unique):
     """A worker's dispatch of the same operation (a message the sweeper published, say) arrives
@@ -222,7 +211,7 @@ def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
         body = call_body(running_task, arguments=refund(order_id=unique("ord")))
         agent = threading.Thread(target=lambda: worker.update(response=post(path, body)))
         agent.start()
-        wait_until(lambda: "pid" in worker and _backend_waits_on_a_lock(worker["pid"]), timeout=30,
+        wait_until(lambda: "pid" in worker and backend_waits_on_a_lock(worker["pid"]), timeout=30,
                    what="the worker waiting for the operation's row", interval=0.01)
         release.set()
         agent.join(timeout=30)
@@ -235,4 +224,4 @@ def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
     assert worker["result"] == "noop:dispatched"
     (attempt,) = Attempt.objects.all()
     assert attempt.worker.startswith("server:")
-    assert len(effects_for(payments_url, Operation.objects.get())) == 1
+    assert len(effects_of(payments_url, Operation.objects.get())) == 1
