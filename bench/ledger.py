@@ -9,10 +9,11 @@ every run, for each client count, interleaved so that a noisy neighbour hurts th
 - roundtrip: `SELECT 1`, one round trip, to read the others by.
 - raw (b): single-row INSERTs in autocommit on the same database, one commit each: the
   physical limit of this server and disk.
-- lifecycle (a): the full life of an auto-dispatched write call through the service layer:
-  `call_propose` (gate → ledger, L0 so no approval) → `run_dispatch` (claim → in-process no-op
-  provider → receipt). An operation counts when its receipt is committed (`confirmed`). All
-  clients in one tenant; with several clients also "a tenant per client".
+- lifecycle (a): the full life of an auto-dispatched write call through the service layer, as
+  a server runs a waiting agent's call (ledger/request_dispatch.py): `call_propose` (gate →
+  ledger, L0 so no approval; `dispatch_here`, so nothing is published) → `run_dispatch` (claim →
+  in-process no-op provider → receipt). An operation counts when its receipt is committed
+  (`confirmed`). All clients in one tenant; with several clients also "a tenant per client".
 - dbos (c): a one-step DBOS workflow, its system database on the same server.
 - floor (d): the lifecycle's own statements replayed straight through psycopg, nothing in
   between (bench/floor.py): one at a time as the service layer sends them, and pipelined (a
@@ -430,8 +431,9 @@ def lifecycle_runner(index: int, *, own_tenant: bool = False) -> tuple[Callable[
         proposal = call_propose(
             principal=agent, task_id=run.task_id, call_id=call_id, step_id=step_id, tool_name=TOOL,
             arguments={"step": step_id}, expected_version=run.version, fencing_token=run.fencing_token,
+            dispatch_here=True,
         )
-        if proposal.decision != Decision.DISPATCHED:
+        if proposal.decision != Decision.DISPATCHED or not proposal.dispatch_here:
             raise RuntimeError(f"proposal {call_id} was {proposal.decision}: {proposal.reasons}")
         proposed = clock()
         result = run_dispatch(proposal.operation_id, worker=worker)

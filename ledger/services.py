@@ -15,12 +15,12 @@ from django.utils import timezone
 from approvals.notifications import notifications_plan_operation
 from console.doorbell import ring_doorbell_on_commit
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
+from console.lib.sql import Declined
 from console.lib.transitions import event_row, record_events, transition
 from console.models import Event
-from ledger import tasks
+from ledger import tasks, webhooks
 from ledger.models import Attempt, Fact, Operation, OperationStatus
 from ledger.retry import circuit_note_failure, is_transient_failure
-from ledger.webhooks import webhooks_plan
 
 
 def _get(operation_id: str, *, lock: bool = False) -> Operation:
@@ -37,7 +37,7 @@ def _move(operation: Operation, **kwargs: Any) -> bool:
     from_status = operation.status
     moved = transition(operation, **kwargs)
     if moved:
-        webhooks_plan(operation, from_status=from_status, to=kwargs["to"])
+        webhooks.webhooks_plan(operation, from_status=from_status, to=kwargs["to"])
     return moved
 
 
@@ -191,23 +191,39 @@ def operation_record_outcome(
 def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_number: int, fencing_token: int,
                     fact: str, to: str, changes: dict[str, Any], attempt_fields: dict[str, Any], error_class: str,
                     error_code: str, worker: str) -> tuple[Operation, bool]:
+    def the_move() -> dict[str, Any]:
+        # Guarded by the compare-and-set on (status = dispatched, token = mine), without row locks.
+        return dict(
+            to=to, actor=f"worker:{worker or _attempt_worker(operation_id, attempt_number)}",
+            reason=f"attempt {attempt_number}: {fact}",
+            evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
+                      "error_code": str(error_code)},
+            guard={"fencing_token": fencing_token}, changes=changes,
+            also_update=[(Attempt, {"operation_id": operation_id, "number": attempt_number},
+                          {"stale": False, **attempt_fields})],
+        )
+
+    if (operation is not None and operation.status == OperationStatus.DISPATCHED
+            and operation.fencing_token == fencing_token
+            and not (to == OperationStatus.CONFIRMED and operation.compensates_id is not None)):
+        # The dispatcher's receipt, as it mostly is: the move, its event and its attempt, one
+        # statement on PostgreSQL, which needs no transaction block. If the agent takes webhooks
+        # (their events are written with the move, in a transaction) or the compare-and-set
+        # loses, nothing was written and the way below takes over.
+        unless = webhooks.receives_webhooks(operation) if webhooks.makes_events(operation.status, to) else None
+        try:
+            if transition(operation, unless=unless, **the_move()):
+                return operation, True
+        except (Declined, Conflict):
+            pass
     with transaction.atomic():
         if operation is None:
             operation = _get(operation_id)
         if operation.status == OperationStatus.DISPATCHED and operation.fencing_token == fencing_token:
-            # The common case, without row locks: the compare-and-set on (status = dispatched,
-            # token = mine) is the guard. If it loses, nothing was written and the stale path
-            # below looks at the rows under lock.
+            # If the compare-and-set loses, nothing was written and the stale path below looks
+            # at the rows under lock.
             try:
-                _move(
-                    operation, to=to, actor=f"worker:{worker or _attempt_worker(operation_id, attempt_number)}",
-                    reason=f"attempt {attempt_number}: {fact}",
-                    evidence={"attempt": attempt_number, "fencing_token": fencing_token, "error_class": error_class,
-                              "error_code": str(error_code)},
-                    guard={"fencing_token": fencing_token}, changes=changes,
-                    also_update=[(Attempt, {"operation_id": operation_id, "number": attempt_number},
-                                  {"stale": False, **attempt_fields})],
-                )
+                _move(operation, **the_move())
             except Conflict:
                 pass
             else:

@@ -72,8 +72,19 @@ def _kinds(from_status: str, to: str) -> list[str]:
     return kinds
 
 
+def makes_events(from_status: str, to: str) -> bool:
+    """Does this move make webhook events, for an agent that takes them?"""
+    return bool(_kinds(from_status, to))
+
+
+def receives_webhooks(operation: Operation) -> sql.Unless:
+    """The statement that finds the operation's agent if it takes webhooks: a move that writes
+    no events of its own passes it as `unless` (console.lib.transitions)."""
+    return RECEIVES_WEBHOOKS_SQL, [operation.principal_id]
+
+
 def _receives(principal_id: int) -> bool:
-    # A statement written by hand (prepared on PostgreSQL): every receipt asks it.
+    # A statement written by hand (prepared on PostgreSQL): every move that makes events asks it.
     connection = sql.connection_for(AgentPrincipal)
     return sql.fetchone(connection, RECEIVES_WEBHOOKS_SQL, [principal_id]) is not None
 

@@ -300,14 +300,29 @@ Insert = tuple[type[models.Model], dict[str, Any]]
 Update = tuple[type[models.Model], dict[str, Any], dict[str, Any]]
 
 
+# A statement that, if it finds a row, keeps `update_then_write` from writing: (sql, params).
+Unless = tuple[str, Sequence[Any]]
+
+
+class Declined(Exception):
+    """`update_then_write`'s `unless` found a row: nothing was written."""
+
+
 @cache
 def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
                            inserts: tuple[tuple[type[models.Model], tuple[str, ...]], ...],
                            updates: tuple[tuple[type[models.Model], tuple[str, ...], tuple[str, ...]], ...],
-                           ignore_conflicts: bool) -> str:
+                           ignore_conflicts: bool, unless: str | None) -> str:
     connection = connection_for(model)
     on_conflict = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
-    parts = [f"moved AS ({_update_sql(model, sets, where, (), 'postgresql')} RETURNING 1)"]
+    update = _update_sql(model, sets, where, (), "postgresql")
+    parts = []
+    if unless is not None:
+        # Read in the statement's own snapshot, as the update's WHERE is: nothing can commit
+        # between the check and the write.
+        parts.append(f"declined AS ({unless})")
+        update += " AND NOT EXISTS (SELECT 1 FROM declined)"
+    parts.append(f"moved AS ({update} RETURNING 1)")
     for index, (insert_model, names) in enumerate(inserts):
         cols = ", ".join(f'"{_field(insert_model, name).column}"' for name in names)
         # Typed: a parameter in a SELECT list is otherwise text, and a NULL integer fails.
@@ -320,23 +335,28 @@ def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], whe
         parts.append(f"u{index} AS ({_update_sql(update_model, update_sets, update_where, (), 'postgresql')} "
                      "AND EXISTS (SELECT 1 FROM moved))")
     # The update names its primary key: `moved` holds one row or none.
-    selected = ", ".join(["(SELECT 1 FROM moved)"] + [f"(SELECT * FROM i{i})" for i in range(len(inserts))])
+    declined = ["EXISTS (SELECT 1 FROM declined)"] if unless is not None else []
+    selected = ", ".join(["(SELECT 1 FROM moved)", *declined] + [f"(SELECT * FROM i{i})" for i in range(len(inserts))])
     return f"WITH {', '.join(parts)} SELECT {selected}"
 
 
 def update_then_write(model: type[models.Model], *, where: dict[str, Any], values: dict[str, Any],
                       inserts: Sequence[Insert] = (), updates: Sequence[Update] = (),
-                      ignore_conflicts: bool = False) -> list[Any] | None:
+                      ignore_conflicts: bool = False, unless: Unless | None = None) -> list[Any] | None:
     """`update` of one row and, only if it matched, one row inserted per `inserts` and the
     `updates` applied: None when it did not match, else the inserted rows' primary keys (with
     `ignore_conflicts`, None for a row that met a unique constraint and was not written).
-    `where` must name the primary key. One statement (and one round trip) on PostgreSQL, the
-    inserts and updates reading the update's RETURNING; one per write elsewhere. All inside the
-    caller's transaction, so none lands without the others."""
+    `where` must name the primary key. With `unless`, nothing is written if that statement
+    finds a row, and Declined is raised. One statement (and one round trip) on PostgreSQL, the
+    inserts and updates reading the update's RETURNING, so it needs no transaction of its own;
+    one per write elsewhere, inside the caller's transaction, so none lands without the
+    others."""
     if "pk" not in where and model._meta.pk.name not in where:
         raise ValueError("update_then_write needs the primary key in `where`: it writes for one row")
     connection = connection_for(model)
     if connection.vendor != "postgresql":
+        if unless is not None and fetchone(connection, *unless) is not None:
+            raise Declined
         if update(model, where=where, values=values) != 1:
             return None
         pks = []
@@ -359,8 +379,16 @@ def update_then_write(model: type[models.Model], *, where: dict[str, Any], value
         update_shapes.append((update_model, tuple(update_values), tuple(update_where)))
         params += [prep(_field(update_model, name), update_values[name], connection) for name in update_values]
         params += [_where_value(update_model, name, update_where[name], connection) for name in update_where]
+    unless_sql = None
+    if unless is not None:
+        unless_sql, unless_params = unless
+        params = [*unless_params, *params]
     cur = cursor(connection)
     cur.execute(_update_then_write_sql(model, sets, keys, tuple(insert_shapes), tuple(update_shapes),
-                                       ignore_conflicts), params)
-    matched, *pks = cur.fetchone()
-    return pks if matched is not None else None
+                                       ignore_conflicts, unless_sql), params)
+    matched, *rest = cur.fetchone()
+    if unless is not None:
+        declined, *rest = rest
+        if declined:
+            raise Declined
+    return rest if matched is not None else None

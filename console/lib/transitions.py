@@ -8,6 +8,7 @@ Models that move through states declare `TRANSITIONS` (status → allowed next s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from functools import cache
 from typing import Any
 
@@ -78,15 +79,21 @@ def transition(
     changes: dict[str, Any] | None = None,
     also_insert: Sequence[models.Model] = (),
     also_update: Sequence[sql.Update] = (),
+    unless: sql.Unless | None = None,
 ) -> bool:
     """Move `obj` from the status it was read with to `to`.
 
     `guard` adds conditions to the compare-and-set (e.g. `version=3`, `fencing_token=7`);
     `changes` are written with the status (F() expressions allowed). `also_insert` (unsaved
     instances, saved with their primary keys set) and `also_update` ((model, where, values))
-    are written only if the move is, in the same statement where the database can. Returns
-    False when the object is already in `to` (a no-op, no event). Raises IllegalTransition for
-    a move not in TRANSITIONS and Conflict when another writer changed the row first.
+    are written only if the move is, in the same statement where the database can. With
+    `unless` (a statement and its parameters), nothing is written if it finds a row, and
+    sql.Declined is raised. Returns False when the object is already in `to` (a no-op, no
+    event). Raises IllegalTransition for a move not in TRANSITIONS and Conflict when another
+    writer changed the row first.
+
+    On PostgreSQL a move without F() expressions is one statement, atomic on its own: called
+    outside a transaction, it opens none (no BEGIN and COMMIT round trips).
     """
     model = type(obj)
     current = obj.status
@@ -101,6 +108,8 @@ def transition(
     if _has_updated_at(model):
         values.setdefault("updated_at", timezone.now())
     computed = [field for field, value in values.items() if hasattr(value, "resolve_expression")]
+    if computed and unless is not None:
+        raise ValueError("`unless` is for moves without F() expressions")
     filters = {"pk": obj.pk, "status": current, **(guard or {})}
     # No savepoint: callers hold the row (or their compare-and-set decides) inside their own
     # transaction, and a lost compare-and-set writes nothing, so the Conflict is raised after
@@ -109,7 +118,9 @@ def transition(
     event = event_row(entity=model.EVENT_ENTITY, entity_id=str(obj.pk), tenant_id=getattr(obj, "tenant_id", None),
                       kind=Event.Kind.TRANSITION, from_status=current, to_status=to, actor=actor, reason=reason,
                       evidence=evidence)
-    with transaction.atomic(savepoint=False):
+    one_statement = not computed and sql.connection_for(model).vendor == "postgresql"
+    declined = False
+    with nullcontext() if one_statement else transaction.atomic(savepoint=False):
         if computed:
             # F() expressions: the database computes them; RETURNING reads them back in the
             # same statement instead of a second SELECT.
@@ -125,12 +136,17 @@ def transition(
             # The row, its event and the rows that go with the move in one statement where the
             # database can (PostgreSQL).
             inserts = [(type(row), sql.values_of(row)) for row in (event, *also_insert)]
-            written = sql.update_then_write(model, where=filters, values=values, inserts=inserts,
-                                            updates=also_update)
+            try:
+                written = sql.update_then_write(model, where=filters, values=values, inserts=inserts,
+                                                updates=also_update, unless=unless)
+            except sql.Declined:
+                written, declined = None, True  # raised after the block, as the Conflict is
             updated = 0 if written is None else 1
             if updated:
                 pks = written[1:]
                 ring_doorbell_on_commit([event])
+    if declined:
+        raise sql.Declined
     if updated != 1:
         raise Conflict(
             f"{model.EVENT_ENTITY} {obj.pk} changed while moving from {current} to {to}; read it again.",

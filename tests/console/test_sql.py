@@ -209,3 +209,36 @@ def test_on_postgresql_the_hot_path_statements_are_prepared_once_per_connection(
     assert any("FROM ledger_operation o" in text for text in prepared)  # the claim
     assert any('INSERT INTO "ledger_call"' in text for text in prepared)  # the proposal's writes
     assert len(prepared) == len(set(prepared))  # each once, however often it ran
+
+
+def test_update_then_write_with_unless_writes_nothing_and_says_so_when_its_query_finds_a_row(agent):
+    from console.models import AgentPrincipal
+
+    operation = make_operation(agent)
+    events = Event.objects.count()
+    finds_the_agent = (f'SELECT 1 FROM "{AgentPrincipal._meta.db_table}" WHERE "id" = %s', [agent.pk])
+
+    with pytest.raises(sql.Declined):
+        sql.update_then_write(Operation, where={"pk": operation.pk, "status": operation.status},
+                              values={"last_error": "moved"}, inserts=[(Attempt, attempt_row(operation, 1))],
+                              unless=finds_the_agent)
+
+    assert Operation.objects.get(pk=operation.pk).last_error == ""
+    assert not Attempt.objects.filter(operation=operation).exists()
+    assert Event.objects.count() == events
+
+
+def test_update_then_write_with_unless_writes_as_usual_when_its_query_finds_nothing(agent):
+    from console.models import AgentPrincipal
+
+    operation = make_operation(agent)
+    finds_nobody = (f'SELECT 1 FROM "{AgentPrincipal._meta.db_table}" WHERE "id" = %s', [-1])
+
+    with CaptureQueriesContext(connection) as queries:
+        written = sql.update_then_write(Operation, where={"pk": operation.pk, "status": operation.status},
+                                        values={"last_error": "moved"}, inserts=[(Attempt, attempt_row(operation, 1))],
+                                        unless=finds_nobody)
+
+    assert Attempt.objects.filter(pk=written[0]).exists()
+    assert Operation.objects.get(pk=operation.pk).last_error == "moved"
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 3)

@@ -65,7 +65,8 @@ def test_the_receipt_is_the_move_with_its_event_and_attempt_and_the_webhook_chec
     operation, attempt = dispatcher._claim(run_at_once().operation_id, worker="test")
     outcome, latency = dispatcher._call_provider(operation, attempt)
 
-    limit = 2 if connection.vendor == "postgresql" else 4
+    # PostgreSQL: one statement, the webhook check inside it (the agent takes none).
+    limit = 1 if connection.vendor == "postgresql" else 4
     with django_assert_max_num_queries(limit + 2) as captured:
         assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
 
@@ -100,3 +101,48 @@ def test_a_dispatch_runs_one_commit_hook_per_commit_the_doorbell(run_at_once, mo
 
     assert [type(func) for func in registered] == [doorbell.TransactionRing, doorbell.TransactionRing]
     assert rings == ["ring", "ring"]
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="one statement is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_receipt_is_one_statement_in_no_transaction_block(run_at_once, monkeypatch):
+    """The move, its event, its attempt and the check that the agent takes no webhooks are one
+    statement, atomic on its own: no BEGIN or COMMIT round trip around it."""
+    from django.test.utils import CaptureQueriesContext
+
+    operation, attempt = dispatcher._claim(run_at_once().operation_id, worker="test")
+    outcome, latency = dispatcher._call_provider(operation, attempt)
+    commits: list[str] = []
+    commit = connection.commit
+    monkeypatch.setattr(connection, "commit", lambda: (commits.append("commit"), commit()))
+
+    with CaptureQueriesContext(connection) as captured:
+        assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
+
+    assert len(captured.captured_queries) == 1, captured.captured_queries
+    assert commits == []
+    assert reload(operation).status == S.CONFIRMED
+    assert Attempt.objects.get(pk=attempt.pk).finished_at is not None
+
+
+def test_a_receipt_for_an_agent_with_a_webhook_writes_its_call_final_event_with_the_move(
+        run_at_once, agent, monkeypatch, django_capture_on_commit_callbacks):
+    """The one-statement receipt is for agents without a webhook; for one with a webhook the
+    move and its `call.final` event are written together, as every move's events are."""
+    from console.models import AgentPrincipal
+    from ledger.models import WebhookEvent
+
+    enqueued_webhooks: list[int] = []
+    monkeypatch.setattr("ledger.tasks.enqueue_webhook", enqueued_webhooks.append)
+    operation, attempt = dispatcher._claim(run_at_once().operation_id, worker="test")
+    outcome, latency = dispatcher._call_provider(operation, attempt)
+    AgentPrincipal.objects.filter(pk=agent.pk).update(webhook_url="https://hooks.example.com/countersign")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
+
+    (event,) = WebhookEvent.objects.filter(operation_id=operation.operation_id)
+    assert (event.kind, event.operation_status) == ("call.final", S.CONFIRMED)
+    assert enqueued_webhooks == [event.pk]
+    assert reload(operation).status == S.CONFIRMED
