@@ -16,6 +16,7 @@ Two shapes:
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,12 +24,20 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+# A statement that writes: an INSERT, an UPDATE … SET or a DELETE, also inside a WITH (not the
+# UPDATE of a SELECT's FOR UPDATE).
+_WRITES = re.compile(r'\b(INSERT\s+INTO|UPDATE\s+"?\w+"?\s+SET|DELETE\s+FROM)\b', re.IGNORECASE)
+
 
 @dataclass
 class Transaction:
     autocommit: bool  # a single statement outside any atomic block
     statements: list[tuple[str, Any]] = field(default_factory=list)
     rowcounts: list[int] = field(default_factory=list)  # what each statement touched when recorded
+
+    @property
+    def writes(self) -> bool:
+        return any(_WRITES.search(sql) for sql, _ in self.statements)
 
 
 @dataclass
@@ -42,7 +51,9 @@ class Recording:
 
     @property
     def write_commits(self) -> int:
-        return sum(1 for t in self.transactions if not t.autocommit)
+        """Transactions that commit a write: every atomic block, and a statement in autocommit
+        that writes (one statement is its own transaction)."""
+        return sum(1 for t in self.transactions if not t.autocommit or t.writes)
 
 
 def record(lifecycle: Callable[[str, str], str]) -> Recording:

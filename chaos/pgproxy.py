@@ -9,7 +9,9 @@ int32 length), keeps the text of the connection's open transaction (simple `Quer
 extended `Parse` texts, plus `Bind` parameter values), and resets it when the server reports
 ReadyForQuery "idle". When a client sends COMMIT (as a simple query or through Parse — psycopg 3
 sends it through the extended protocol) and the transaction's text contains every string of an
-armed rule, the rule fires:
+armed rule, the rule fires. A statement sent outside any transaction block (autocommit) is its
+own transaction, committed at its Sync (or with its simple Query): that message is then its
+COMMIT.
 
 - `before`: the COMMIT is not forwarded and the connection is closed; the server sees EOF inside
   a transaction and rolls back. Nothing committed; the client gets an error.
@@ -59,6 +61,8 @@ class Conn:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
     tx_text: list[str] = field(default_factory=list)
+    # The server's last ReadyForQuery said "in a transaction block" (or a failed one).
+    in_block: bool = False
     # Set once a rule fired on this connection's COMMIT: the server's answer is swallowed.
     swallow_reply: asyncio.Event = field(default_factory=asyncio.Event)
     reply_seen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -137,14 +141,14 @@ class Proxy:
             text = _text_of(kind, body)
             if text is not None:
                 conn.tx_text.append(text)
-                if _is_commit(text):
-                    self.commits_seen += 1
-                    pending = self._match(conn)
-                    if pending is not None and pending.mode == "before":
-                        self._fire(pending, conn)
-                        return
-                    if pending is not None:
-                        conn.swallow_reply.set()
+            if (text is not None and _is_commit(text)) or self._implicit_commit(conn, kind):
+                self.commits_seen += 1
+                pending = self._match(conn)
+                if pending is not None and pending.mode == "before":
+                    self._fire(pending, conn)
+                    return
+                if pending is not None:
+                    conn.swallow_reply.set()
             conn.server.write(kind + struct.pack("!I", len(body) + 4) + body)
             await conn.server.drain()
             # The COMMIT went out whole (a Query, or the Sync closing Parse/Bind/Execute): wait
@@ -166,8 +170,18 @@ class Proxy:
                 continue
             conn.client.write(kind + struct.pack("!I", len(body) + 4) + body)
             await conn.client.drain()
-            if kind == b"Z" and body[:1] == b"I":  # idle: the transaction (if any) is over
-                conn.tx_text.clear()
+            if kind == b"Z":
+                conn.in_block = body[:1] != b"I"
+                if not conn.in_block:  # idle: the transaction (if any) is over
+                    conn.tx_text.clear()
+
+    @staticmethod
+    def _implicit_commit(conn: Conn, kind: bytes) -> bool:
+        """A Sync (or simple Query) closing statements sent outside a transaction block: the
+        server commits them with it, unless they open a block (BEGIN)."""
+        if kind not in (b"S", b"Q") or conn.in_block or not conn.tx_text:
+            return False
+        return not any(_is_begin(text) for text in conn.tx_text)
 
     def _match(self, conn: Conn) -> Rule | None:
         if not self.rules:
@@ -239,6 +253,10 @@ def _text_of(kind: bytes, body: bytes) -> str | None:
     if kind == b"B":  # the parameter values, best effort (text format)
         return body.decode("utf-8", "replace")
     return None
+
+
+def _is_begin(text: str) -> bool:
+    return text.strip().rstrip(";").strip().upper().startswith(("BEGIN", "START TRANSACTION"))
 
 
 def _is_commit(text: str) -> bool:

@@ -76,3 +76,14 @@ def test_a_replay_that_writes_less_than_the_lifecycle_is_an_error(recorded, monk
             replayer.replay()
     finally:
         replayer.close()
+
+
+def test_a_statement_in_autocommit_that_writes_is_a_write_commit_and_a_read_is_not():
+    read = floor.Transaction(autocommit=True, statements=[
+        ("SELECT 1 FROM ledger_operation WHERE operation_id = %s FOR UPDATE", ["op"])])
+    write = floor.Transaction(autocommit=True, statements=[
+        ('WITH moved AS (UPDATE "ledger_operation" SET "status" = %s WHERE "operation_id" = %s RETURNING 1) '
+         "SELECT (SELECT 1 FROM moved)", ["confirmed", "op"])])
+    block = floor.Transaction(autocommit=False, statements=[("SELECT 1", [])])
+
+    assert floor.Recording(transactions=[read, write, block], ids=()).write_commits == 2

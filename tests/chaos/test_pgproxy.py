@@ -57,15 +57,36 @@ def insert_and_commit(dsn: str, value: str) -> None:
         conn.commit()
 
 
+def insert_in_autocommit(dsn: str, value: str) -> None:
+    """One statement outside any transaction block: its Sync is its commit."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO chaos_proxy_probe VALUES (%s)", [value])
+
+
+# A statement in autocommit is its own transaction, committed with its Sync: cut as a COMMIT is.
+@pytest.mark.parametrize("write", [insert_and_commit, insert_in_autocommit], ids=["in a block", "in autocommit"])
 @pytest.mark.parametrize(("mode", "lands"), [("before", False), ("reply", True)])
-def test_a_commit_cut_by_the_proxy_fails_for_the_client_and_lands_only_if_forwarded(proxy, mode, lands):
+def test_a_commit_cut_by_the_proxy_fails_for_the_client_and_lands_only_if_forwarded(proxy, mode, lands, write):
     dsn, control = proxy
     value = f"v-{uuid.uuid4().hex}"
     control.arm("cut", ["chaos_proxy_probe", value], mode=mode)
     with pytest.raises(psycopg.OperationalError):
-        insert_and_commit(dsn, value)
+        write(dsn, value)
     assert control.fired("cut")["mode"] == mode
     assert committed(value) is lands
+
+
+def test_a_begin_in_autocommit_is_not_a_commit(proxy):
+    dsn, control = proxy
+    value = f"v-{uuid.uuid4().hex}"
+    control.arm("cut", ["chaos_proxy_probe", value], mode="before")
+    conn = psycopg.connect(dsn, autocommit=True)
+    with pytest.raises(psycopg.OperationalError), conn.transaction():
+        conn.execute("INSERT INTO chaos_proxy_probe VALUES (%s)", [value])
+        # BEGIN and the statement went through: the rule waits for the COMMIT.
+        assert control.fired("cut") is None
+    assert control.fired("cut")["mode"] == "before"
+    assert not committed(value)
 
 
 def accepts_connections(dsn: str) -> bool:
