@@ -22,7 +22,8 @@ TOKEN_SUBQUERY = (f"(SELECT {sql.column(PolicyGeneration, 'token', 'g')} FROM {s
 def token_for_share_sql(vendor: str) -> str:
     """The generation's token, its row share-locked until the reader's transaction ends: a
     configuration change (whose triggers rewrite that row) waits for the reader to commit, and
-    one committed before is seen. The dispatcher's claim reads it first."""
+    one committed before is seen (`approvals.catalog.held`; the dispatcher's claim reads it as
+    a subquery of its statement)."""
     connection = sql.connection_for(PolicyGeneration)
     return (f"SELECT {sql.column(PolicyGeneration, 'token', 'g')} FROM {sql.table(PolicyGeneration)} g "
             f"WHERE {sql.column(PolicyGeneration, 'pk', 'g')} = 1{sql.for_share(connection)}")

@@ -106,8 +106,7 @@ def instrument(timeline: Timeline) -> None:
     from ledger.adapters.payments import OrderLookupAdapter
 
     # The claim's parts (inside its transaction).
-    timeline.wrap(dispatcher, "held_catalog", "catalog (generation share lock)")
-    timeline.wrap(dispatcher, "_lock_for_claim", "claim statement (operation, tool, agent)")
+    timeline.wrap(dispatcher, "_lock_for_claim", "claim statement (operation, tool, agent, configuration)")
     timeline.wrap(dispatcher, "_held", "stops and pause")
     timeline.wrap(dispatcher, "_revalidate", "re-checks (signature, gate)")
     timeline.wrap(services, "operation_dispatch", "move to dispatched (+event, attempt)")

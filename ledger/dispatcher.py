@@ -23,8 +23,7 @@ from django.utils import timezone
 
 from approvals import gate
 from approvals import services as approval_services
-from approvals.catalog import Catalog
-from approvals.catalog import held as held_catalog
+from approvals.catalog import Catalog, for_token
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool
 from approvals.stops import active_stop
 from console.access import reviewer_max_tier
@@ -90,15 +89,10 @@ def _claim(operation_id: str, *, worker: str):
     or a string naming why there is nothing to do."""
     now = timezone.now()
     with transaction.atomic():
-        # The configuration (tiers, rules, allowed tools, stops) as of now, held still until this
-        # claim commits: first, so the tool read with the operation below is as fresh as it, and
-        # so a withdrawal either committed before (and is seen) or waits for this claim to end.
-        # Never a `dispatched` that commits after a withdrawal it did not see.
-        catalog = held_catalog()
         claimed = _lock_for_claim(operation_id)
         if claimed is None:
             return "missing"
-        operation, circuit_until, in_flight = claimed
+        operation, circuit_until, in_flight, catalog = claimed
         if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
             return f"noop:{operation.status}"
         tool = operation.tool
@@ -146,12 +140,22 @@ def _claim(operation_id: str, *, worker: str):
 _CLAIM_LOADS = (Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit)
 
 
-def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int] | None:
+def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int, Catalog] | None:
     """The operation locked, with its tool, its task and its agent (share-locked) with the
-    agent's tenant, the circuit breaker's stored verdict and the tenant's operations in flight:
-    one statement (the claim runs for every dispatch)."""
+    agent's tenant, the circuit breaker's stored verdict, the tenant's operations in flight, and
+    the configuration (tiers, rules, allowed tools, stops) held still until the claim commits:
+    one statement (the claim runs for every dispatch), two when a configuration change commits
+    while it waits.
+
+    So a withdrawal either committed before the claim read its authority (and is seen) or waits
+    for the claim to end: never a `dispatched` that commits after a withdrawal it did not see."""
     connection = sql.connection_for(Operation)
-    row = sql.fetchone(connection, _claim_sql(connection.vendor), [OperationStatus.DISPATCHED, operation_id])
+    claim, params = _claim_sql(connection.vendor), [OperationStatus.DISPATCHED, operation_id]
+    row = sql.fetchone(connection, claim, params)
+    if row is not None and row[-2] != row[-1]:
+        # The statement waited for a configuration change (its snapshot has the token before
+        # it): read again, in a snapshot that has the change. The generation is held now.
+        row = sql.fetchone(connection, claim, params)
     if row is None:
         return None
     at = itertools.accumulate((sql.width(m) for m in _CLAIM_LOADS[:-1]), initial=0)
@@ -161,7 +165,7 @@ def _lock_for_claim(operation_id: str) -> tuple[Operation, object, int] | None:
     sql.attach(operation, "tool", tool)
     sql.attach(operation, "task", task)
     sql.attach(operation, "principal", principal)
-    return operation, circuit.open_until if circuit else None, row[-1]
+    return operation, circuit.open_until if circuit else None, row[-3], for_token(row[-1])
 
 
 def _approved_request(operation: Operation) -> ApprovalRequest | None:

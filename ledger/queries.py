@@ -24,10 +24,14 @@ _col = sql.column
 def claim_sql(vendor: str) -> str:
     """The dispatcher's claim: the operation locked, with its tool, its task, its agent (row
     share-locked: a deactivation committed before is seen, one after waits for the claim to
-    commit) and the agent's tenant, the tool's circuit breaker verdict (or NULLs) and the count
-    of the tenant's operations in a status (dispatched). One statement: the agent's lock and read
-    ride with the operation's, and a row this statement waits for is read as committed.
-    Parameters: that status, the operation id."""
+    commit) and the agent's tenant, the tool's circuit breaker verdict (or NULLs), the count
+    of the tenant's operations in a status (dispatched), and the configuration generation's
+    token twice: as of this statement's snapshot, then share-locked (held until the claim
+    commits; a change waits for it), which reads the latest committed. One statement: the
+    locks and reads ride with the operation's. The two tokens differ only when a configuration
+    change committed after the snapshot (the statement waited for it): the caller runs the
+    statement again, and its new snapshot has the change. Parameters: that status, the
+    operation id."""
     connection = sql.connection_for(Operation)
     operations = sql.table(Operation)
     locks = sql.for_update(connection, of="o")
@@ -38,7 +42,8 @@ def claim_sql(vendor: str) -> str:
         f"{sql.columns(AgentPrincipal, 'a')}, {sql.columns(Tenant, 'n')}, {sql.columns(ToolCircuit, 'c')}, "
         f"(SELECT COUNT(*) FROM {operations} f "
         f"WHERE {_col(Operation, 'tenant', 'f')} = {_col(Operation, 'tenant', 'o')} "
-        f"AND {_col(Operation, 'status', 'f')} = %s) "
+        f"AND {_col(Operation, 'status', 'f')} = %s), "
+        f"{approval_queries.TOKEN_SUBQUERY}, ({approval_queries.token_for_share_sql(vendor)}) "
         f"FROM {operations} o "
         f"JOIN {sql.table(Tool)} t ON {_col(Tool, 'pk', 't')} = {_col(Operation, 'tool', 'o')} "
         f"JOIN {sql.table(Task)} k ON {_col(Task, 'pk', 'k')} = {_col(Operation, 'task', 'o')} "
@@ -149,9 +154,9 @@ NOW_SQL = (f"SELECT {sql.columns(Operation, 'o', only=NOW_FIELDS)} FROM {sql.tab
 SHAPES = {
     "claim_sql": sql.Shape(
         tables={"o": Operation, "f": Operation, "t": Tool, "k": Task, "a": AgentPrincipal, "n": Tenant,
-                "c": ToolCircuit},
+                "c": ToolCircuit, "g": PolicyGeneration},
         params=((Operation, "status"), (Operation, "operation_id")),
-        loads=(Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit), scalars=1),
+        loads=(Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit), scalars=3),
     "STILL_MINE_SQL": sql.Shape(
         tables={"": Operation},
         params=((Operation, "operation_id"), (Operation, "status"), (Operation, "fencing_token")), scalars=1),

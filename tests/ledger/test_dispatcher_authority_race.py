@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals import stops
 from approvals.models import ApprovalRequest, PolicyTier, Stop, StopStatus, Tool
@@ -274,3 +274,44 @@ def test_a_claim_that_read_its_authority_before_a_withdrawal_commits_before_it_o
         f"{kind}: attempts {numbers} in the ledger, {withdrawal['attempts_at_commit']} when the withdrawal "
         f"committed; dispatch said {result}")
     assert len(effects_of(payments_url, operation)) == len(numbers)
+
+
+@pytest.mark.parametrize("kind", WITHDRAWALS)
+def test_a_withdrawal_written_but_not_committed_when_the_claim_starts_is_seen_by_the_claim(
+        agent, tools, admin, payments_url, unique, kind):
+    """The withdrawal has written (its transaction holds the configuration's generation) when
+    the claim starts, and commits while the claim waits for it. The claim must then judge by
+    the withdrawn authority: never a dispatch on what was taken away before the claim's commit."""
+    operation = authorized_refund(agent, unique("ord"))
+    written, release = threading.Event(), threading.Event()
+
+    def take_away():
+        with transaction.atomic():
+            withdraw(kind, agent=agent, admin=admin)
+            written.set()
+            assert release.wait(timeout=30)
+        connection.close()
+
+    claim: dict = {}
+
+    def dispatch():
+        claim["pid"] = connection.cursor().connection.info.backend_pid
+        claim["result"] = run_dispatch(operation.operation_id, worker="A")
+        connection.close()
+
+    taker = threading.Thread(target=take_away)
+    worker = threading.Thread(target=dispatch)
+    try:
+        taker.start()
+        assert written.wait(timeout=30)
+        worker.start()
+        wait_until(lambda: "pid" in claim and backend_waits_on_a_lock(claim["pid"]), timeout=30,
+                   what="the claim to wait for the withdrawal", interval=0.01)
+    finally:
+        release.set()
+        taker.join(timeout=60)
+        worker.join(timeout=60)
+
+    assert attempts_of(operation) == [], f"{kind}: dispatched on withdrawn authority ({claim.get('result')})"
+    assert effects_of(payments_url, operation) == []
+    assert not claim["result"].startswith(("confirmed", "dispatched")), claim["result"]
