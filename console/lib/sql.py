@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -203,26 +204,47 @@ def _field(model: type[models.Model], name: str) -> models.Field:
 
 
 def prep(field: models.Field, value: Any, connection) -> Any:
+    """What `field.get_db_prep_save(value, connection)` returns, without its calls where the
+    value goes to the database as it is (every value of every statement the hot path writes)."""
     if isinstance(value, models.Model):
         value = value.pk
-    if value is None and not isinstance(field, models.JSONField):
+    kind = _kinds.get(id(field))
+    if kind is None or kind.field is not field:
+        kind = _kinds[id(field)] = _Kind.of(field)
+    if value is None and not kind.json:
         return None
-    if type(value) is _plain_type(field):
-        return value  # what get_db_prep_save would return, without its calls
+    if type(value) is kind.plain:
+        return value
+    if kind.is_datetime and type(value) is datetime and value.tzinfo is not None and connection.vendor == "postgresql":
+        return value  # psycopg sends an aware datetime itself; Django's methods return it unchanged
     return field.get_db_prep_save(value, connection)
 
 
-@cache
-def _plain_type(field: models.Field) -> type | None:
-    """The Python type a field stores unchanged (str for text, int for integers, bool)."""
-    target = field.target_field if field.is_relation else field
-    if isinstance(target, models.BooleanField):
-        return bool
-    if isinstance(target, models.CharField | models.TextField):
-        return str
-    if isinstance(target, models.IntegerField | models.AutoField):
-        return int
-    return None
+@dataclass(frozen=True)
+class _Kind:
+    """What `prep` needs to know of a field, looked up by the field's identity (hashing a Django
+    field runs Python code)."""
+
+    field: models.Field
+    plain: type | None  # the Python type the field stores unchanged
+    json: bool
+    is_datetime: bool
+
+    @classmethod
+    def of(cls, field: models.Field) -> _Kind:
+        target = field.target_field if field.is_relation else field
+        plain = None
+        if isinstance(target, models.BooleanField):
+            plain = bool
+        elif isinstance(target, models.CharField | models.TextField):
+            plain = str
+        elif isinstance(target, models.IntegerField | models.AutoField):
+            plain = int
+        return cls(field=field, plain=plain, json=isinstance(field, models.JSONField),
+                   is_datetime=isinstance(target, models.DateTimeField))
+
+
+_kinds: dict[int, _Kind] = {}
 
 
 @cache
