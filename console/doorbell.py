@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -231,12 +232,20 @@ def _send_last_rings() -> None:
 def embedded_doorbell_path() -> Path:
     from django.conf import settings
 
-    return Path(settings.VAR_DIR) / f"doorbell-{settings.PORT}.sock"
+    return Path(_path_text(str(settings.VAR_DIR), settings.PORT))
 
 
 def _ring_embedded_server() -> None:
     # No server, a stale socket, or the server is behind (it has a ring to read anyway): dropped.
-    datagram.send(str(embedded_doorbell_path()))
+    from django.conf import settings
+
+    datagram.send(_path_text(str(settings.VAR_DIR), settings.PORT))
+
+
+@functools.lru_cache(maxsize=8)
+def _path_text(var_dir: str, port) -> str:
+    # Every commit rings: the path is built once per (folder, port), not per ring.
+    return str(Path(var_dir) / f"doorbell-{port}.sock")
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,7 @@ same statement.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ledger.models import Fact
@@ -29,7 +29,11 @@ class Outcome:
     raw: dict[str, Any] = field(default_factory=dict)
 
     def as_evidence(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, for the attempt's JSON column (written at once, so not copied)."""
+        return {name: getattr(self, name) for name in _OUTCOME_FIELDS}
+
+
+_OUTCOME_FIELDS = tuple(f.name for f in fields(Outcome))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ known success: a receipt.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -373,3 +374,10 @@ def test_one_http_client_per_process_shared_by_its_threads_and_never_inherited_b
     os.waitpid(pid, 0)
     assert os.read(read, 16) == b"own"
 
+
+
+def test_an_outcomes_evidence_is_every_field_of_it():
+    outcome = Outcome(fact="known_success", transport="ok", provider_status="201", receipt={"id": "re_1"},
+                      result={"rows": [1, 2]}, raw={"status": 201, "body": {"id": "re_1"}}, retry_after=1.5)
+
+    assert outcome.as_evidence() == dataclasses.asdict(outcome)
