@@ -37,7 +37,12 @@ class Transaction:
 
     @property
     def writes(self) -> bool:
-        return any(_WRITES.search(sql) for sql, _ in self.statements)
+        return any(writes(sql) for sql, _ in self.statements)
+
+
+def writes(sql: str) -> bool:
+    """Whether a statement writes (an INSERT, UPDATE or DELETE, also inside a WITH)."""
+    return _WRITES.search(sql) is not None
 
 
 @dataclass

@@ -621,6 +621,7 @@ class DjangoCounter:
         self.statements = 0
         self.savepoints = 0
         self.autocommit_statements = 0
+        self.autocommit_writes = 0
         self.commits = 0
 
     def __call__(self, execute, sql, params, many, context):
@@ -630,6 +631,7 @@ class DjangoCounter:
             self.savepoints += 1
         elif not context["connection"].in_atomic_block:
             self.autocommit_statements += 1
+            self.autocommit_writes += bool(floor.writes(sql))
         return execute(sql, params, many, context)
 
     @property
@@ -676,6 +678,7 @@ def measure_lifecycle_commits(url: str, count: int) -> dict[str, Any]:
             django_transactions_per_lifecycle=counter.transactions / count,
             django_atomic_commits_per_lifecycle=counter.commits / count,
             django_autocommit_statements_per_lifecycle=counter.autocommit_statements / count,
+            django_autocommit_writes_per_lifecycle=counter.autocommit_writes / count,
             django_statements_per_lifecycle=counter.statements / count,
             django_savepoint_statements_per_lifecycle=counter.savepoints / count,
         )
@@ -932,8 +935,9 @@ def main(argv: list[str] | None = None) -> int:
     commits = measure_lifecycle_commits(url, args.commit_batch)
     cpl = commits["commits_per_lifecycle"]
     # Read-only transactions (autocommit SELECTs) commit without a WAL flush; the ones that
-    # write wait for the disk like a raw INSERT does. The stricter ceiling divides by those.
-    write_cpl = commits["django_atomic_commits_per_lifecycle"]
+    # write wait for the disk like a raw INSERT does (an atomic block, or one statement that
+    # writes in autocommit). The stricter ceiling divides by those.
+    write_cpl = commits["django_atomic_commits_per_lifecycle"] + commits["django_autocommit_writes_per_lifecycle"]
     print(json.dumps(commits, indent=1))
 
     dbos_commits: dict[str, Any] = {}
@@ -989,7 +993,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ncommits per lifecycle: {cpl:.2f} (pg_stat_database.xact_commit); Django counted "
           f"{commits['django_transactions_per_lifecycle']:.2f} transactions "
           f"({commits['django_atomic_commits_per_lifecycle']:.2f} atomic commits + "
-          f"{commits['django_autocommit_statements_per_lifecycle']:.2f} autocommit statements), "
+          f"{commits['django_autocommit_statements_per_lifecycle']:.2f} autocommit statements, "
+          f"{commits['django_autocommit_writes_per_lifecycle']:.2f} of them writes), "
           f"{commits['django_statements_per_lifecycle']:.1f} statements "
           f"({commits['django_savepoint_statements_per_lifecycle']:.1f} savepoint statements)")
     if dbos_commits:
