@@ -6,8 +6,9 @@
 Two targets, each `--count` proposals of calls the gate runs at once (a new step and call ID
 each, one task), `--rounds` times, interleaved:
 
-- service: `call_propose` as bench/ledger.py's propose phase calls it, with its on-commit
-  publish of the dispatch (to Celery's in-memory broker, as there).
+- service: `call_propose` as a proposal without `wait` runs it, with its on-commit publish of
+  the dispatch (to Celery's in-memory broker). (bench/ledger.py's lifecycle proposes with
+  `dispatch_here`, as a waiting agent's call is run, and publishes nothing.)
 - request: `POST /api/v1/tasks/{id}/calls` through Django's test client (no HTTP, no ASGI):
   the middleware, authentication, rate limit, DRF parsing and serializers, the service call and
   the response.
