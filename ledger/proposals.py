@@ -224,13 +224,11 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
 
         runs_at_once = not result.needs_approval
         dispatch_here = dispatch_here and runs_at_once and request_dispatch.applies(tool)
-        step = _step_get_or_create(task, step_id)
         now = timezone.now()
         operation = Operation(
             operation_id=operation_id,
             tenant_id=task.tenant_id,
             task=task,
-            step=step,
             tool=tool,
             tool_schema_version=tool.schema_version,
             principal=principal,
@@ -252,11 +250,13 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             reason=f"L{result.risk_tier} {result.requirement}: runs at once", evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
             publish=not dispatch_here,
         ) if runs_at_once else []
-        # The budget spent, the call, the operation and (run at once) its two events: one
-        # statement on PostgreSQL. The call first: its foreign key to the operation is checked
-        # at commit. ON CONFLICT DO NOTHING instead of a savepoint: a row another writer got in
-        # first means that writer's row is the answer (`_LostRace` rolls all of it back). The
-        # task row is locked, so the new counts are the ones read plus this call's.
+        # The budget spent, the step (or the one the task has: compensations add steps without
+        # holding the task's row), the call, the operation on that step and (run at once) its
+        # two events: one statement on PostgreSQL. The call before the operation: its foreign
+        # key to it is checked at commit. ON CONFLICT DO NOTHING instead of a savepoint: a row
+        # another writer got in first means that writer's row is the answer (`_LostRace` rolls
+        # all of it back). The task row is locked, so the new counts are the ones read plus
+        # this call's.
         spent = _budget_after(task, tool, arguments)
         # Run at once under an audited tier: reviewers look at it afterwards (approvals.audit).
         audited = runs_at_once and result.requirement == PolicyTier.Requirement.RUN_AUDIT
@@ -265,15 +265,20 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             risk_tier=result.risk_tier, requested_by_id=principal.pk, created_at=now))] if audited else []
         written = sql.update_then_write(
             Task, where={"pk": task.pk}, values=spent, ignore_conflicts=True,
-            inserts=[(Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
+            inserts=[sql.Existing(Step, {"task": task, "step_id": step_id, "created_at": now}, on=("task", "step_id")),
+                     (Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
                              "arguments_hash": args_hash, "created_at": now}),
-                     (Operation, sql.values_of(operation)),
+                     (Operation, {**sql.values_of(operation), "step_id": sql.Key(0)}),
                      *audit_entry,
                      *[(Event, sql.values_of(event)) for event in events]],
             updates=run_services.budget_counters_spend(
                 counters, writes=spent["writes_used"] - task.writes_used, amount=gate.call_amount(tool, arguments)))
-        if written is None or None in written[:2]:
+        if written is None:
             raise _LostRace
+        step_pk, call_pk, operation_pk, *_ = written
+        if call_pk is None or operation_pk is None:
+            raise _LostRace
+        operation.step_id = step_pk
         operation._state.adding = False
         for name, value in spent.items():
             setattr(task, name, value)
@@ -281,7 +286,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             return Proposal(
                 call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
-                risk_tier=result.risk_tier, created=True, call_pk=written[0], dispatch_here=dispatch_here,
+                risk_tier=result.risk_tier, created=True, call_pk=call_pk, dispatch_here=dispatch_here,
                 outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 
@@ -394,17 +399,6 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,
     sql.attach(task, "tenant", sql.load(Tenant, row, sql.width(Task), connection=connection))
     lease = sql.load(Lease, lease_row, connection=connection) if lease_row is not None else None
     return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1])
-
-
-def _step_get_or_create(task: Task, step_id: str) -> Step:
-    """The step, inserted if new, without a savepoint: ON CONFLICT DO NOTHING cannot abort the
-    transaction (compensations add steps to a task without holding its row)."""
-    created_at = timezone.now()
-    rows = sql.insert(Step, [{"task": task, "step_id": step_id, "created_at": created_at}],
-                      returning=("id",), ignore_conflicts=True)
-    if not rows:
-        return Step.objects.get(task=task, step_id=step_id)
-    return Step(pk=rows[0][0], task=task, step_id=step_id, created_at=created_at)
 
 
 def _call(task: Task, call_id: str) -> Call | None:

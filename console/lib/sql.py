@@ -322,6 +322,25 @@ Insert = tuple[type[models.Model], dict[str, Any]]
 Update = tuple[type[models.Model], dict[str, Any], dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class Key:
+    """A value in a row of `update_then_write`'s inserts: the primary key of the row that an
+    earlier insert, `inserts[index]`, wrote (or, for an `Existing`, found)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Existing:
+    """An insert of `update_then_write` that, when a row with the same values of `on` is there
+    already, gives that row's key instead of writing one (PostgreSQL: ON CONFLICT … DO UPDATE
+    with the value it has, which returns the row)."""
+
+    model: type[models.Model]
+    row: dict[str, Any]
+    on: tuple[str, ...]
+
+
 # A statement that, if it finds a row, keeps `update_then_write` from writing: (sql, params).
 Unless = tuple[str, Sequence[Any]]
 
@@ -332,11 +351,10 @@ class Declined(Exception):
 
 @cache
 def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
-                           inserts: tuple[tuple[type[models.Model], tuple[str, ...]], ...],
+                           inserts: tuple[_InsertShape, ...],
                            updates: tuple[tuple[type[models.Model], tuple[str, ...], tuple[str, ...]], ...],
                            ignore_conflicts: bool, unless: str | None) -> str:
     connection = connection_for(model)
-    on_conflict = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
     update = _update_sql(model, sets, where, (), "postgresql")
     parts = []
     if unless is not None:
@@ -345,11 +363,19 @@ def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], whe
         parts.append(f"declined AS ({unless})")
         update += " AND NOT EXISTS (SELECT 1 FROM declined)"
     parts.append(f"moved AS ({update} RETURNING 1)")
-    for index, (insert_model, names) in enumerate(inserts):
+    for index, (insert_model, names, keys, on) in enumerate(inserts):
         cols = ", ".join(f'"{_field(insert_model, name).column}"' for name in names)
         # Typed: a parameter in a SELECT list is otherwise text, and a NULL integer fails.
-        exprs = ", ".join(f"%s::{django_private.cast_type(_field(insert_model, name), connection)}"
-                          for name in names)
+        exprs = ", ".join(
+            f"{'%s' if key is None else f'(SELECT * FROM i{key})'}::"
+            f"{django_private.cast_type(_field(insert_model, name), connection)}"
+            for name, key in zip(names, keys, strict=True))
+        if on:
+            first = _field(insert_model, on[0]).column
+            on_conflict = (" ON CONFLICT (" + ", ".join(f'"{_field(insert_model, name).column}"' for name in on)
+                           + f') DO UPDATE SET "{first}" = EXCLUDED."{first}"')
+        else:
+            on_conflict = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
         pk = insert_model._meta.pk.column
         parts.append(f'i{index} AS (INSERT INTO "{insert_model._meta.db_table}" ({cols}) '
                      f'SELECT {exprs} FROM moved{on_conflict} RETURNING "{pk}")')
@@ -362,40 +388,41 @@ def _update_then_write_sql(model: type[models.Model], sets: tuple[str, ...], whe
     return f"WITH {', '.join(parts)} SELECT {selected}"
 
 
+# An insert's shape in the statement: its model, its columns, which of them take an earlier
+# insert's key (its index, else None), and the columns of `Existing.on` (empty: none).
+_InsertShape = tuple[type[models.Model], tuple[str, ...], tuple[int | None, ...], tuple[str, ...]]
+
+
 def update_then_write(model: type[models.Model], *, where: dict[str, Any], values: dict[str, Any],
-                      inserts: Sequence[Insert] = (), updates: Sequence[Update] = (),
+                      inserts: Sequence[Insert | Existing] = (), updates: Sequence[Update] = (),
                       ignore_conflicts: bool = False, unless: Unless | None = None) -> list[Any] | None:
     """`update` of one row and, only if it matched, one row inserted per `inserts` and the
     `updates` applied: None when it did not match, else the inserted rows' primary keys (with
-    `ignore_conflicts`, None for a row that met a unique constraint and was not written).
-    `where` must name the primary key. With `unless`, nothing is written if that statement
-    finds a row, and Declined is raised. One statement (and one round trip) on PostgreSQL, the
-    inserts and updates reading the update's RETURNING, so it needs no transaction of its own;
-    one per write elsewhere, inside the caller's transaction, so none lands without the
-    others."""
+    `ignore_conflicts`, None for a row that met a unique constraint and was not written). A row
+    may name an earlier insert's key (`Key`); an `Existing` gives the key of the row already
+    there instead of writing one. `where` must name the primary key. With `unless`, nothing is
+    written if that statement finds a row, and Declined is raised. One statement (and one round
+    trip) on PostgreSQL, the inserts and updates reading the update's RETURNING, so it needs no
+    transaction of its own; one per write elsewhere, inside the caller's transaction, so none
+    lands without the others."""
     if "pk" not in where and model._meta.pk.name not in where:
         raise ValueError("update_then_write needs the primary key in `where`: it writes for one row")
     connection = connection_for(model)
+    rows = [(entry.model, entry.row, entry.on) if isinstance(entry, Existing) else (*entry, ())
+            for entry in inserts]
     if connection.vendor != "postgresql":
-        if unless is not None and fetchone(connection, *unless) is not None:
-            raise Declined
-        if update(model, where=where, values=values) != 1:
-            return None
-        pks = []
-        for insert_model, row in inserts:
-            returned = insert(insert_model, [row], returning=("pk",), ignore_conflicts=ignore_conflicts)
-            pks.append(returned[0][0] if returned else None)
-        for update_model, update_where, update_values in updates:
-            update(update_model, where=update_where, values=update_values)
-        return pks
+        return _update_then_write_apart(model, connection, where=where, values=values, rows=rows, updates=updates,
+                                        ignore_conflicts=ignore_conflicts, unless=unless)
     sets, keys = tuple(values), tuple(where)
     params = [prep(_field(model, name), values[name], connection) for name in sets]
     params += [_where_value(model, name, where[name], connection) for name in keys]
     insert_shapes = []
-    for insert_model, row in inserts:
+    for insert_model, row, on in rows:
         names = tuple(row)
-        insert_shapes.append((insert_model, names))
-        params += [prep(_field(insert_model, name), row[name], connection) for name in names]
+        refs = tuple(value.index if isinstance(value, Key) else None for value in row.values())
+        insert_shapes.append((insert_model, names, refs, tuple(on)))
+        params += [prep(_field(insert_model, name), value, connection)
+                   for name, value in row.items() if not isinstance(value, Key)]
     update_shapes = []
     for update_model, update_where, update_values in updates:
         update_shapes.append((update_model, tuple(update_values), tuple(update_where)))
@@ -414,3 +441,28 @@ def update_then_write(model: type[models.Model], *, where: dict[str, Any], value
         if declined:
             raise Declined
     return rest if matched is not None else None
+
+
+def _update_then_write_apart(model: type[models.Model], connection, *, where: dict[str, Any],
+                             values: dict[str, Any], rows: list[tuple[type[models.Model], dict[str, Any], tuple]],
+                             updates: Sequence[Update], ignore_conflicts: bool,
+                             unless: Unless | None) -> list[Any] | None:
+    """`update_then_write` one statement per write (SQLite)."""
+    if unless is not None and fetchone(connection, *unless) is not None:
+        raise Declined
+    if update(model, where=where, values=values) != 1:
+        return None
+    pks: list[Any] = []
+    for insert_model, row, on in rows:
+        row = {name: pks[value.index] if isinstance(value, Key) else value for name, value in row.items()}
+        returned = insert(insert_model, [row], returning=("pk",), ignore_conflicts=ignore_conflicts or bool(on))
+        if returned:
+            pks.append(returned[0][0])
+        elif on:
+            pks.append(insert_model._default_manager.using(connection.alias)
+                       .filter(**{name: row[name] for name in on}).values_list("pk", flat=True).get())
+        else:
+            pks.append(None)
+    for update_model, update_where, update_values in updates:
+        update(update_model, where=update_where, values=update_values)
+    return pks

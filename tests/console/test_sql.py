@@ -264,3 +264,24 @@ def test_prep_gives_what_the_fields_own_preparation_gives_for_every_column_and_k
             except (TypeError, ValueError, ArithmeticError, AttributeError, ValidationError):
                 continue  # not a value of this field
             assert _adapted(sql.prep(field, value, connection)) == _adapted(expected), (field.name, value)
+
+
+@pytest.mark.parametrize("step_there", [False, True], ids=["new step", "step already there"])
+def test_update_then_write_inserts_a_row_or_takes_the_one_there_and_a_later_row_names_its_key(agent, step_there):
+    operation = make_operation(agent)
+    task = operation.task
+    if step_there:
+        there = Step.objects.create(task=task, step_id="s-known")
+    with CaptureQueriesContext(connection) as queries:
+        step_pk, attempt_pk = sql.update_then_write(
+            Operation, where={"pk": operation.pk, "status": operation.status}, values={"last_error": "moved"},
+            inserts=[sql.Existing(Step, {"task": task, "step_id": "s-known", "created_at": timezone.now()},
+                                  on=("task", "step_id")),
+                     (Attempt, attempt_row(operation, 1, worker=sql.Key(0)))])
+
+    step = Step.objects.get(task=task, step_id="s-known")
+    assert step_pk == step.pk and (not step_there or step.pk == there.pk)
+    # The key lands where the later row names it (here as text: the attempt's worker column).
+    assert Attempt.objects.get(pk=attempt_pk).worker == str(step.pk)
+    # SQLite: the update, the step (and, when it is there, the read of its key), the attempt.
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 3 + step_there)

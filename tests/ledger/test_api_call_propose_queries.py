@@ -1,7 +1,7 @@
 """What POST /api/v1/tasks/{task_id}/calls costs the database for a call the gate runs at once:
 the agent (authentication), then one transaction — the lease and the task locked (the task's
 statement also says whether the call and the operation are known and which policy generation
-holds), the step, and the budgets, call, operation, audit entry and events in one statement on
+holds), and the budgets, step, call, operation, audit entry and events in one statement on
 PostgreSQL (one each on SQLite) — and its commit. Nothing is read twice."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from tests.fixtures.api import call_body
 
 
 def expected() -> int:
-    # PostgreSQL: agent, BEGIN, lease, task, step, the one writing statement, COMMIT.
-    # SQLite: the writing statement is six (task budgets, call, operation, audit entry, two events).
-    return 7 if connection.vendor == "postgresql" else 12
+    # PostgreSQL: agent, BEGIN, lease, task, the one writing statement, COMMIT.
+    # SQLite: the writing statement is seven (task budgets, step, call, operation, audit entry,
+    # two events).
+    return 6 if connection.vendor == "postgresql" else 12
 
 
 def warm(api, running_task) -> None:
@@ -57,3 +58,21 @@ def test_a_regenerated_call_id_is_mapped_without_a_savepoint(api, running_task, 
     assert response.json()["operation_id"] is not None
     # The one savepoint is the test's own transaction standing in for BEGIN … COMMIT.
     assert sum("SAVEPOINT" in query["sql"] for query in captured.captured_queries) <= 2
+
+
+@pytest.mark.django_db
+def test_a_call_on_a_step_that_is_already_there_is_written_on_that_step(api, running_task):
+    """A step the task already has (another tool's call under the same step ID): the new
+    operation is written on it, and no second step appears."""
+    from ledger.models import Operation
+    from runs.models import Step
+
+    first = api.post(f"/api/v1/tasks/{running_task.task_id}/calls", call_body(running_task), format="json")
+    second = api.post(f"/api/v1/tasks/{running_task.task_id}/calls",
+                      call_body(running_task, call_id="call-2", tool="orders.lookup",
+                                arguments={"order_id": "ord-1"}), format="json")
+
+    assert (first.status_code, second.status_code) == (201, 201), second.content
+    (step,) = Step.objects.filter(task_id=running_task.task_id, step_id="step-1")
+    operations = Operation.objects.filter(pk__in=[first.json()["operation_id"], second.json()["operation_id"]])
+    assert sorted(op.step_id for op in operations) == [step.pk, step.pk]

@@ -54,6 +54,17 @@ def test_a_low_risk_call_is_authorized_and_dispatched_on_commit(agent, running_t
     assert proposal.task_version == task.version == 3  # a dispatch does not move the task
 
 
+def test_the_answer_carries_the_calls_own_key_the_waits_watch_it_by(agent, running_task):
+    from runs.models import Step
+
+    Step.objects.create(task_id=running_task.task_id, step_id="an-earlier-step")  # keys of steps and calls differ
+
+    proposal = propose(agent, running_task)
+
+    assert proposal.call_pk == Call.objects.get(call_id="call-1").pk
+    assert Operation.objects.get(pk=proposal.operation_id).step.step_id == "step-1"
+
+
 def test_a_repeat_with_the_same_call_id_and_arguments_gets_the_same_answer(agent, running_task):
     first = propose(agent, running_task)
     before = rows()
