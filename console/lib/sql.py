@@ -418,11 +418,14 @@ def update_then_write(model: type[models.Model], *, where: dict[str, Any], value
     params += [_where_value(model, name, where[name], connection) for name in keys]
     insert_shapes = []
     for insert_model, row, on in rows:
-        names = tuple(row)
-        refs = tuple(value.index if isinstance(value, Key) else None for value in row.values())
-        insert_shapes.append((insert_model, names, refs, tuple(on)))
-        params += [prep(_field(insert_model, name), value, connection)
-                   for name, value in row.items() if not isinstance(value, Key)]
+        refs: list[int | None] = []
+        for name, value in row.items():
+            if type(value) is Key:
+                refs.append(value.index)
+            else:
+                refs.append(None)
+                params.append(prep(_field(insert_model, name), value, connection))
+        insert_shapes.append((insert_model, tuple(row), tuple(refs), tuple(on)))
     update_shapes = []
     for update_model, update_where, update_values in updates:
         update_shapes.append((update_model, tuple(update_values), tuple(update_where)))
