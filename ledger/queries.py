@@ -61,8 +61,9 @@ STILL_MINE_SQL = (f"SELECT 1 FROM {sql.table(Operation)} "
                   f"AND {_col(Operation, 'fencing_token')} = %s")
 
 
-# Does the agent take webhooks (a URL, not disabled)? Asked inside every move that makes a
-# webhook event. Parameter: the agent's id.
+# Does the agent take webhooks (a URL, not disabled)? Asked by every move that makes a webhook
+# event: inside its transaction, or (the dispatcher's receipt) as the `unless` of its one
+# statement. Parameter: the agent's id.
 RECEIVES_WEBHOOKS_SQL = (f"SELECT 1 FROM {sql.table(AgentPrincipal)} "
                          f"WHERE {_col(AgentPrincipal, 'pk')} = %s AND {_col(AgentPrincipal, 'webhook_disabled_at')} IS NULL "
                          f"AND {_col(AgentPrincipal, 'webhook_url')} <> ''")
