@@ -21,7 +21,7 @@ every run, for each client count, interleaved so that a noisy neighbour hurts th
   misses a target, no implementation of this protocol on this server meets it.
 
 Then commits per lifecycle (pg_stat_database.xact_commit, cross-checked by counting Django's
-statements and commits), and the HTTP API in front (uvicorn, 1 and 16 clients): the proposal
+statements and commits) and function calls per lifecycle (a figure no load moves), and the HTTP API in front (uvicorn, 1 and 16 clients): the proposal
 `POST /api/v1/tasks/{id}/calls` and `GET /api/v1/operations/{id}`. The broker is in memory, so
 the HTTP figures are the proposal alone; no dispatch runs behind them.
 
@@ -639,6 +639,54 @@ class DjangoCounter:
         return self.commits + self.autocommit_statements
 
 
+def _on_own_thread(body: Callable[[], None], name: str) -> None:
+    """Run `body` on a new thread (its own database connection) and raise what it raised."""
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=guarded, name=name)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+def measure_lifecycle_calls(count: int) -> float:
+    """Function calls (Python and built-in, this thread, `sys.setprofile`) per lifecycle, over
+    `count` single-threaded lifecycles after a warm-up: a figure no load moves, for before/after
+    pairs of the client's code."""
+    calls = [0.0]
+
+    def body() -> None:
+        from django.db import connections
+
+        op, _ = lifecycle_client(0)
+        for _ in range(20):
+            op()
+        counted = [0]
+
+        def count_call(frame, event, arg) -> None:
+            if event in ("call", "c_call"):
+                counted[0] += 1
+
+        sys.setprofile(count_call)
+        try:
+            for _ in range(count):
+                op()
+        finally:
+            sys.setprofile(None)
+        calls[0] = counted[0] / count
+        connections.close_all()
+
+    _on_own_thread(body, "calls")
+    return calls[0]
+
+
 def measure_lifecycle_commits(url: str, count: int) -> dict[str, Any]:
     """Single-threaded batch of `count` lifecycles; the task and lease are set up before."""
     out: dict[str, Any] = {}
@@ -683,19 +731,7 @@ def measure_lifecycle_commits(url: str, count: int) -> dict[str, Any]:
             django_savepoint_statements_per_lifecycle=counter.savepoints / count,
         )
 
-    errors: list[BaseException] = []
-
-    def guarded() -> None:
-        try:
-            body()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    thread = threading.Thread(target=guarded, name="commits")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
+    _on_own_thread(body, "commits")
     return out
 
 
@@ -938,6 +974,7 @@ def main(argv: list[str] | None = None) -> int:
     # write wait for the disk like a raw INSERT does (an atomic block, or one statement that
     # writes in autocommit). The stricter ceiling divides by those.
     write_cpl = commits["django_atomic_commits_per_lifecycle"] + commits["django_autocommit_writes_per_lifecycle"]
+    commits["function_calls_per_lifecycle"] = round(measure_lifecycle_calls(args.commit_batch))
     print(json.dumps(commits, indent=1))
 
     dbos_commits: dict[str, Any] = {}
