@@ -225,26 +225,23 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         runs_at_once = not result.needs_approval
         dispatch_here = dispatch_here and runs_at_once and request_dispatch.applies(tool)
         now = timezone.now()
-        operation = Operation(
-            operation_id=operation_id,
-            tenant_id=task.tenant_id,
-            task=task,
-            tool=tool,
-            tool_schema_version=tool.schema_version,
-            principal=principal,
-            call_id=call_id,
-            arguments=arguments,
-            arguments_hash=args_hash,
-            intent_hash=intent,
-            idempotency_key=_idempotency_key(tool, task, arguments, operation_id),
-            business_key=_business_key(tool, arguments),
-            risk_tier=result.risk_tier,
+        operation = sql.unsaved(Operation, {
+            "operation_id": operation_id,
+            "tenant_id": task.tenant_id,
+            "tool_schema_version": tool.schema_version,
+            "call_id": call_id,
+            "arguments": arguments,
+            "arguments_hash": args_hash,
+            "intent_hash": intent,
+            "idempotency_key": _idempotency_key(tool, task, arguments, operation_id),
+            "business_key": _business_key(tool, arguments),
+            "risk_tier": result.risk_tier,
             # A call the gate runs at once is inserted authorized (its two events below).
-            status=OperationStatus.AUTHORIZED if runs_at_once else OperationStatus.PLANNED,
-            needs_approval=not runs_at_once,
-            created_at=now,
-            updated_at=now,
-        )
+            "status": OperationStatus.AUTHORIZED if runs_at_once else OperationStatus.PLANNED,
+            "needs_approval": not runs_at_once,
+            "created_at": now,
+            "updated_at": now,
+        }, task=task, tool=tool, principal=principal)
         events = ledger_services.operation_created_authorized(
             operation, actor=principal.ref, authorized_by=GATE_ACTOR,
             reason=f"L{result.risk_tier} {result.requirement}: runs at once", evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},

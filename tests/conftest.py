@@ -186,3 +186,20 @@ def pytest_collection_modifyitems(config, items):
     pytest-xdist this holds in each worker because `make test` hands out whole modules in this
     order (`--dist loadscope --no-loadscope-reorder`)."""
     items.sort(key=lambda item: "/tests/browser/" in str(item.path))
+
+
+@pytest.fixture
+def model_inits(monkeypatch) -> list[type]:
+    """The models whose `Model.__init__` ran during the test, in order: the hot path builds the
+    rows it reads and writes without it."""
+    from django.db.models import Model
+
+    built: list[type] = []
+    init = Model.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(type(self))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Model, "__init__", counting)
+    return built

@@ -18,6 +18,10 @@ tests/console/test_django_private.py fails, naming what moved, when an upgrade c
 - `Field.get_col`, `BaseDatabaseOperations.get_db_converters` and `Col.get_db_converters`: the
   converters the ORM's compiler applies to a column, so a row read by hand loads exactly as the
   ORM loads it.
+- `ModelState` and what `Model.from_db` leaves in an instance (its loaded fields' values in
+  `__dict__` by attribute name, `_state.adding` false, `_state.db`): `loaded_instance` builds it
+  without `Model.__init__`'s per-field descriptor calls; `unsaved_instance` the same for a new
+  row, with the defaults `Field.get_default` gives.
 - `FieldCacheMixin.set_cached_value`: what `select_related` does, so a related row read in the
   same statement needs no second query.
 - `Field.cast_db_type`: the SQL type of a typed parameter (`%s::type`), as `Cast()` writes it.
@@ -33,6 +37,8 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init
 from django.db.models.sql import UpdateQuery
 
 # The Django feature release these internals were read against (pyproject.toml: Django <5.3).
@@ -91,6 +97,61 @@ def db_converters(model: type[models.Model], field: models.Field, connection) ->
     the column expression they are called with."""
     col = field.get_col(model._meta.db_table)
     return tuple(connection.ops.get_db_converters(col)) + tuple(col.get_db_converters(connection)), col
+
+
+def loaded_instance(model: type[models.Model], alias: str, attnames: tuple[str, ...], values: list[Any]):
+    """What `model.from_db(alias, attnames, values)` returns, built directly: `Model.__init__`
+    sets each field through its descriptor, one call after another, for every row the hot path
+    loads. A model that builds its instances itself (its own `__init__` or `from_db`) or whose
+    instances a `post_init` receiver watches gets `from_db`."""
+    if not _built_plainly(model) or post_init.has_listeners(model):
+        return model.from_db(alias, list(attnames), values)
+    instance = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, alias
+    instance.__dict__["_state"] = state
+    instance.__dict__.update(zip(attnames, values, strict=True))
+    return instance
+
+
+def unsaved_instance(model: type[models.Model], values: dict[str, Any]):
+    """What `model(**values)` builds, `values` naming fields by attribute name (`task_id`, not
+    `task`), built directly, as `loaded_instance` is: the fields not given get their defaults as
+    `Model.__init__` computes them. Raises ValueError for a name the model has no field for."""
+    unknown = values.keys() - _attnames(model)
+    if unknown:
+        raise ValueError(f"{model.__name__} has no field {', '.join(sorted(unknown))}")
+    if not _built_plainly(model) or post_init.has_listeners(model):
+        return model(**values)
+    instance = model.__new__(model)
+    fields = instance.__dict__
+    fields["_state"] = ModelState()
+    fixed, computed = _defaults(model)
+    fields.update(fixed)
+    for field in computed:
+        if field.attname not in values:
+            fields[field.attname] = field.get_default()
+    fields.update(values)
+    return instance
+
+
+@cache
+def _defaults(model: type[models.Model]) -> tuple[dict[str, Any], tuple[models.Field, ...]]:
+    """Each field's default: the value itself where it is one (Django hands out the same object
+    each time), and the fields whose default is a callable, called for every instance."""
+    computed = tuple(field for field in model._meta.concrete_fields if field.has_default() and callable(field.default))
+    return {field.attname: field.get_default() for field in model._meta.concrete_fields
+            if field not in computed}, computed
+
+
+@cache
+def _attnames(model: type[models.Model]) -> frozenset[str]:
+    return frozenset(field.attname for field in model._meta.concrete_fields)
+
+
+@cache
+def _built_plainly(model: type[models.Model]) -> bool:
+    return model.__init__ is models.Model.__init__ and model.from_db.__func__ is models.Model.from_db.__func__
 
 
 def set_related(instance: models.Model, field: models.Field, related: models.Model | None) -> None:

@@ -22,7 +22,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from django.db import connections, models, router
+from django.db import DEFAULT_DB_ALIAS, connections, models, router
 
 from console.lib import django_private
 
@@ -30,7 +30,9 @@ Row = tuple[Any, ...]
 
 
 def connection_for(model: type[models.Model]):
-    return connections[router.db_for_write(model)]
+    # No router configured (the product's settings): the default database, without asking the
+    # router, for every statement the hot path writes.
+    return connections[router.db_for_write(model) if router.routers else DEFAULT_DB_ALIAS]
 
 
 @cache
@@ -116,9 +118,9 @@ def _converters(model: type[models.Model], alias: str,
 
 
 @cache
-def _loaded(model: type[models.Model], only: tuple[str, ...]) -> tuple[int, list[str] | None]:
+def _loaded(model: type[models.Model], only: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
     fields = _fields(model, only)
-    return fields.index(model._meta.pk), [field.attname for field in fields] if only else None
+    return fields.index(model._meta.pk), tuple(field.attname for field in fields)
 
 
 def load(model: type[models.Model], row: Sequence[Any], start: int = 0, *, connection=None,
@@ -136,7 +138,18 @@ def load(model: type[models.Model], row: Sequence[Any], start: int = 0, *, conne
         for converter in convs:
             value = converter(value, col, connection)
         values[index] = value
-    return model.from_db(connection.alias, names, values)
+    return django_private.loaded_instance(model, connection.alias, names, values)
+
+
+def unsaved(model: type[models.Model], values: dict[str, Any], **related: models.Model):
+    """A new row, as `model(**values, **related)` builds it: `values` by attribute name, the
+    other fields with their defaults, each `related` row (by its field's name) there without a
+    query. Built without `Model.__init__`, which sets each field through its descriptor."""
+    instance = django_private.unsaved_instance(
+        model, {**values, **{_field(model, name).attname: row.pk for name, row in related.items()}})
+    for name, row in related.items():
+        attach(instance, name, row)
+    return instance
 
 
 def attach(instance: models.Model, field_name: str, related: models.Model | None) -> None:
@@ -213,8 +226,8 @@ def prep(field: models.Field, value: Any, connection) -> Any:
         kind = _kinds[id(field)] = _Kind.of(field)
     if value is None and not kind.json:
         return None
-    if type(value) is kind.plain:
-        return value
+    if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
+        return value  # a text field keeps a str subclass (a TextChoices member) as it is
     if kind.is_datetime and type(value) is datetime and value.tzinfo is not None and connection.vendor == "postgresql":
         return value  # psycopg sends an aware datetime itself; Django's methods return it unchanged
     return field.get_db_prep_save(value, connection)
@@ -248,6 +261,23 @@ _kinds: dict[int, _Kind] = {}
 
 
 @cache
+def _kinds_of(model: type[models.Model], names: tuple[str, ...]) -> tuple[_Kind, ...]:
+    return tuple(_Kind.of(_field(model, name)) for name in names)
+
+
+def prep_all(model: type[models.Model], names: tuple[str, ...], values: Iterable[Any], connection) -> list[Any]:
+    """`prep` of each of `values` for the field of `model` that `names` gives at its place: the
+    fields looked up once per statement shape, and no call at all for a value that goes to the
+    database as it is (most of them)."""
+    postgres = connection.vendor == "postgresql"
+    return [value if (type(value) is kind.plain or (value is None and not kind.json)
+                      or (kind.plain is str and isinstance(value, str))
+                      or (postgres and kind.is_datetime and type(value) is datetime and value.tzinfo is not None))
+            else prep(kind.field, value, connection)
+            for kind, value in zip(_kinds_of(model, names), values, strict=True)]
+
+
+@cache
 def _update_sql(model: type[models.Model], sets: tuple[str, ...], where: tuple[str, ...],
                 returning: tuple[str, ...], vendor: str) -> str:
     set_sql = ", ".join(f'"{_field(model, name).column}" = %s' for name in sets)
@@ -265,7 +295,7 @@ def update(model: type[models.Model], *, where: dict[str, Any], values: dict[str
     connection = connection_for(model)
     sets, keys, returning = tuple(values), tuple(where), tuple(returning)
     sql = _update_sql(model, sets, keys, returning, connection.vendor)
-    params = [prep(_field(model, name), values[name], connection) for name in sets]
+    params = prep_all(model, sets, values.values(), connection)
     params += [_where_value(model, name, where[name], connection) for name in keys]
     cur = cursor(connection)
     cur.execute(sql, params)
@@ -301,9 +331,10 @@ def insert(model: type[models.Model], rows: Sequence[dict[str, Any]], *, returni
         return []
     connection = connection_for(model)
     names, returning = tuple(rows[0]), tuple(returning)
-    fields = [_field(model, name) for name in names]
     sql = _insert_sql(model, names, len(rows), returning, ignore_conflicts, connection.vendor)
-    params = [prep(field, row[name], connection) for row in rows for field, name in zip(fields, names, strict=True)]
+    params = []
+    for row in rows:
+        params += prep_all(model, names, [row[name] for name in names], connection)
     cur = cursor(connection)
     cur.execute(sql, params)
     return cur.fetchall() if returning else []
@@ -312,9 +343,19 @@ def insert(model: type[models.Model], rows: Sequence[dict[str, Any]], *, returni
 def values_of(instance: models.Model) -> dict[str, Any]:
     """Every concrete column of an unsaved instance, by attribute name, for `insert`; an
     auto-increment primary key not set yet is left to the database, as the ORM does."""
-    pk = instance._meta.pk
-    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields
-            if not (field is pk and isinstance(field, models.AutoField) and instance.pk is None)}
+    names, auto_pk = _attnames(type(instance))
+    fields = instance.__dict__  # where a model keeps its fields' values (a deferred one is not there)
+    values = {name: fields[name] if name in fields else getattr(instance, name) for name in names}
+    if auto_pk is not None and values[auto_pk] is None:
+        del values[auto_pk]
+    return values
+
+
+@cache
+def _attnames(model: type[models.Model]) -> tuple[tuple[str, ...], str | None]:
+    pk = model._meta.pk
+    return (tuple(field.attname for field in model._meta.concrete_fields),
+            pk.attname if isinstance(pk, models.AutoField) else None)
 
 
 # The rows written with a guarded update: (model, row) to insert, (model, where, values) to update.
@@ -414,22 +455,23 @@ def update_then_write(model: type[models.Model], *, where: dict[str, Any], value
         return _update_then_write_apart(model, connection, where=where, values=values, rows=rows, updates=updates,
                                         ignore_conflicts=ignore_conflicts, unless=unless)
     sets, keys = tuple(values), tuple(where)
-    params = [prep(_field(model, name), values[name], connection) for name in sets]
+    params = prep_all(model, sets, values.values(), connection)
     params += [_where_value(model, name, where[name], connection) for name in keys]
     insert_shapes = []
     for insert_model, row, on in rows:
-        refs: list[int | None] = []
-        for name, value in row.items():
-            if type(value) is Key:
-                refs.append(value.index)
-            else:
-                refs.append(None)
-                params.append(prep(_field(insert_model, name), value, connection))
-        insert_shapes.append((insert_model, tuple(row), tuple(refs), tuple(on)))
+        names = tuple(row)
+        if Key in map(type, row.values()):
+            refs = tuple(value.index if type(value) is Key else None for value in row.values())
+            written = tuple(name for name, ref in zip(names, refs, strict=True) if ref is None)
+            params += prep_all(insert_model, written, [row[name] for name in written], connection)
+        else:
+            refs = (None,) * len(names)
+            params += prep_all(insert_model, names, row.values(), connection)
+        insert_shapes.append((insert_model, names, refs, tuple(on)))
     update_shapes = []
     for update_model, update_where, update_values in updates:
         update_shapes.append((update_model, tuple(update_values), tuple(update_where)))
-        params += [prep(_field(update_model, name), update_values[name], connection) for name in update_values]
+        params += prep_all(update_model, tuple(update_values), update_values.values(), connection)
         params += [_where_value(update_model, name, update_where[name], connection) for name in update_where]
     unless_sql = None
     if unless is not None:

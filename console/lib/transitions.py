@@ -37,18 +37,15 @@ def event_row(
     Only `transition()` writes kind TRANSITION: a status change goes through it."""
     if (kind == Event.Kind.TRANSITION) != bool(from_status):
         raise ValueError("A transition names the status it leaves; no other kind of event does.")
-    row = Event(
-        tenant_id=tenant_id,
-        entity=entity,
-        entity_id=str(entity_id),
-        kind=kind,
-        from_status=from_status,
-        to_status=to_status,
-        actor=actor,
-        reason=reason,
-        evidence=evidence or {},
-    )
-    # The database links it into its tenant's hash chain when it is written (console/lib/audit.py).
+    # Every field given (an event is built for every move): the chain's fields are filled in by
+    # the database, which links the row into its tenant's hash chain when it is written
+    # (console/lib/audit.py).
+    row = django_private.unsaved_instance(Event, {
+        "id": None, "tenant_id": tenant_id, "entity": entity, "entity_id": str(entity_id), "kind": kind,
+        "from_status": from_status, "to_status": to_status, "actor": actor, "reason": reason,
+        "evidence": evidence or {}, "created_at": timezone.now(), "content_hash": "", "chain_seq": None,
+        "prev_hash": "", "hash": "",
+    })
     row.content_hash = audit.content_hash(row)
     return row
 

@@ -124,3 +124,21 @@ def test_on_postgresql_the_hot_path_cursor_binds_on_the_server(db):
     assert isinstance(sql.cursor(connection).cursor, ServerBindingCursor)
     wrapped.execute("SELECT %s::int", [41])
     assert wrapped.fetchone() == (41,)
+
+
+def test_an_instance_loaded_from_the_database_is_still_its_dict_and_its_state(agent):
+    """`loaded_instance` builds what `Model.from_db` builds: the loaded values in `__dict__` by
+    attribute name and a `ModelState` saying where it came from."""
+    from django.db.models.base import ModelState
+
+    assert parameters(models.Model.from_db) == ["db", "field_names", "values"], UPGRADE
+    state = ModelState()
+    assert (state.adding, state.db) == (True, None), UPGRADE
+    operation = make_operation(agent)
+    built = Operation.from_db("default", [f.attname for f in Operation._meta.concrete_fields],
+                              [getattr(operation, f.attname) for f in Operation._meta.concrete_fields])
+    direct = django_private.loaded_instance(Operation, "default",
+                                            tuple(f.attname for f in Operation._meta.concrete_fields),
+                                            [getattr(operation, f.attname) for f in Operation._meta.concrete_fields])
+    assert set(vars(built)) == set(vars(direct)), UPGRADE
+    assert (built._state.adding, built._state.db) == (direct._state.adding, direct._state.db), UPGRADE

@@ -252,10 +252,11 @@ def _adapted(value):
 
 @pytest.mark.parametrize("model", [Operation, Attempt, Event, Step, Task])
 def test_prep_gives_what_the_fields_own_preparation_gives_for_every_column_and_kind_of_value(model):
-    """`prep` skips Django's field methods where it can: what it gives must be what they give."""
+    """`prep` and `prep_all` skip Django's field methods where they can: what they give must be
+    what those give."""
     from datetime import datetime
 
-    values = [None, "text", 7, True, {"k": [1, 2]}, [1, "a"], Decimal("12.50"), timezone.now(),
+    values = [None, "text", Event.Kind.TRANSITION, 7, True, {"k": [1, 2]}, [1, "a"], Decimal("12.50"), timezone.now(),
               datetime(2026, 12, 3, 7, 0, tzinfo=timezone.get_current_timezone())]
     for field in model._meta.concrete_fields:
         for value in values:
@@ -264,6 +265,8 @@ def test_prep_gives_what_the_fields_own_preparation_gives_for_every_column_and_k
             except (TypeError, ValueError, ArithmeticError, AttributeError, ValidationError):
                 continue  # not a value of this field
             assert _adapted(sql.prep(field, value, connection)) == _adapted(expected), (field.name, value)
+            [prepped] = sql.prep_all(model, (field.attname,), [value], connection)
+            assert _adapted(prepped) == _adapted(expected), (field.name, value)
 
 
 @pytest.mark.parametrize("step_there", [False, True], ids=["new step", "step already there"])
@@ -285,3 +288,99 @@ def test_update_then_write_inserts_a_row_or_takes_the_one_there_and_a_later_row_
     assert Attempt.objects.get(pk=attempt_pk).worker == str(step.pk)
     # SQLite: the update, the step (and, when it is there, the read of its key), the attempt.
     assert len(queries) == (1 if connection.vendor == "postgresql" else 3 + step_there)
+
+
+# Every model the proposal and the claim load by hand (ledger/proposals.py, ledger/dispatcher.py).
+def _hot_path_rows(agent):
+    from approvals.models import Tool
+    from console.models import AgentPrincipal, Tenant
+    from ledger.models import ToolCircuit
+    from runs.models import Lease
+
+    operation = make_operation(agent)
+    ToolCircuit.objects.get_or_create(tool=operation.tool)
+    Lease.objects.update_or_create(task=operation.task, defaults={
+        "owner": "w", "expires_at": timezone.now() + timedelta(minutes=5)})
+    return [(Operation, operation.pk), (Tool, operation.tool_id), (Task, operation.task_id),
+            (AgentPrincipal, agent.pk), (Tenant, agent.tenant_id), (ToolCircuit, operation.tool_id),
+            (Lease, operation.task_id)]
+
+
+def _read(model, pk, only=()):
+    row = sql.fetchone(connection, f"SELECT {sql.columns(model, 't', only=only)} FROM {model._meta.db_table} t "
+                                   f"WHERE t.{model._meta.pk.column} = %s", [pk])
+    return sql.load(model, row, only=only)
+
+
+def test_every_model_the_hot_path_loads_is_the_orms_instance(agent):
+    for model, pk in _hot_path_rows(agent):
+        expected, loaded = model.objects.get(pk=pk), _read(model, pk)
+        assert type(loaded) is model
+        assert {k: v for k, v in vars(loaded).items() if k != "_state"} == {
+            k: v for k, v in vars(expected).items() if k != "_state"}, model.__name__
+        assert (loaded._state.adding, loaded._state.db) == (False, expected._state.db), model.__name__
+        assert loaded.get_deferred_fields() == set(), model.__name__
+        loaded.save()  # an update of the row it was read from, as for the ORM's instance
+        assert model.objects.filter(pk=pk).count() == 1
+
+
+def test_a_loaded_row_is_built_without_model_init_unless_something_listens_for_it(agent, model_inits):
+    """Model.__init__ sets each field through its descriptor, one by one: the hot path loads about
+    a dozen rows per call. A row read by hand needs none of it, except where a post_init
+    receiver (or a model's own __init__ or from_db) expects to see the instance built."""
+    from django.db.models.signals import post_init
+
+    [(model, pk), *_] = _hot_path_rows(agent)
+    model_inits.clear()
+    _read(model, pk)
+    assert model_inits == []
+
+    seen: list[str] = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=model)
+    try:
+        assert _read(model, pk).pk == pk
+    finally:
+        post_init.disconnect(receiver, sender=model)
+    assert model_inits == [model] and seen == [pk]
+
+
+def test_an_unsaved_row_is_what_the_model_builds_with_its_defaults_and_related_rows(agent, model_inits):
+    """The proposal builds its operation with `unsaved`: the fields it does not give get the
+    model's defaults, its related rows are there without a query, and Model.__init__ (one
+    descriptor call per field) is not run."""
+
+    operation = make_operation(agent)
+    task, tool = operation.task, operation.tool
+    given = {"operation_id": "op_new", "tenant_id": agent.tenant_id, "tool_schema_version": 1, "call_id": "c1",
+             "arguments": {"n": 1}, "arguments_hash": "a" * 64, "intent_hash": "i" * 64, "idempotency_key": "k",
+             "business_key": "", "risk_tier": 0, "needs_approval": False, "status": "authorized",
+             "created_at": operation.created_at, "updated_at": operation.created_at}
+    expected = Operation(**given, task=task, tool=tool, principal=agent)
+    model_inits.clear()
+    built = sql.unsaved(Operation, given, task=task, tool=tool, principal=agent)
+    assert model_inits == []
+
+    assert {k: v for k, v in vars(built).items() if k != "_state"} == {
+        k: v for k, v in vars(expected).items() if k != "_state"}
+    assert (built._state.adding, built._state.db) == (True, None)
+    with CaptureQueriesContext(connection) as captured:
+        assert (built.task, built.tool, built.principal) == (task, tool, agent)
+    assert captured.captured_queries == []
+    with pytest.raises(ValueError, match="no_such_field"):
+        sql.unsaved(Operation, {**given, "no_such_field": 1})
+
+
+def test_values_of_gives_every_column_by_attribute_name_and_leaves_an_unset_auto_key_to_the_database(agent):
+    operation = make_operation(agent)
+    event = Event(entity="operation", entity_id="op_1", kind=Event.Kind.CREATED, actor="gate")
+    values = sql.values_of(event)
+    assert "id" not in values
+    assert set(values) == {f.attname for f in Event._meta.concrete_fields} - {"id"}
+    event.id = 41
+    assert sql.values_of(event)["id"] == 41
+    deferred = Operation.objects.only("pk", "status").get(pk=operation.pk)  # the others read on demand
+    assert sql.values_of(deferred) == sql.values_of(Operation.objects.get(pk=operation.pk))

@@ -152,3 +152,24 @@ def test_only_a_transition_names_the_status_it_leaves(tenant):
     with pytest.raises(ValueError):
         record_event(entity="task", entity_id="t", tenant_id=tenant.pk, kind=Event.Kind.TRANSITION,
                      to_status="running", actor="a")
+
+
+def test_an_event_row_is_the_models_own_unsaved_instance_built_without_model_init(agent, model_inits):
+    """Every move builds its event row; Model.__init__ would set each of its fields through its
+    descriptor. The row is what `Event(...)` builds, with its content hash, and saves as one."""
+    from console.lib import audit
+    from console.lib.transitions import event_row, record_events
+
+    model_inits.clear()
+    fields = dict(entity="operation", entity_id="op_1", tenant_id=agent.tenant_id, kind=Event.Kind.TRANSITION,
+                  from_status="planned", to_status="authorized", actor="gate", reason="L0", evidence={"n": [1.5]})
+    row = event_row(**fields)
+    assert model_inits == []
+
+    expected = Event(**fields, created_at=row.created_at)
+    assert {k: v for k, v in vars(row).items() if k != "_state"} == {
+        k: v for k, v in vars(expected).items() if k not in ("_state", "content_hash")} | {
+        "content_hash": audit.content_hash(expected)}
+    assert (row._state.adding, row._state.db) == (True, None)
+    [saved] = record_events([row])
+    assert Event.objects.get(pk=saved.pk).content_hash == audit.content_hash(expected)
