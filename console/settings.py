@@ -341,9 +341,11 @@ REDISPATCH_AFTER_SECONDS = env.float("REDISPATCH_AFTER_SECONDS", 15.0, validate=
 # pickup (ledger/request_dispatch.py). Off: every dispatch goes through the broker, for a
 # deployment whose web servers must not reach the tools' providers.
 DISPATCH_IN_REQUEST = env.bool("DISPATCH_IN_REQUEST", True)
-# At most this many at once per server process (as many as a worker's threads); past that, the
-# broker's path: a provider that hangs does not pile up a server's threads.
-DISPATCH_IN_REQUEST_SLOTS = env.int("DISPATCH_IN_REQUEST_SLOTS", 8, validate=Range(min=1))
+# At most this many at once per server process (as many request threads as the server keeps,
+# console/lib/request_threads.py); past that, the broker's path: a provider that hangs does not
+# pile up a server's threads. Fewer sends the calls of a busy server's waiting agents through the
+# broker's four hops, the slow path (measured in docs/benchmarks.md).
+DISPATCH_IN_REQUEST_SLOTS = env.int("DISPATCH_IN_REQUEST_SLOTS", 16, validate=Range(min=1))
 # Unknown outcomes the provider cannot explain within this window go to a person (`manual`).
 RECONCILE_WINDOW_SECONDS = env.float("RECONCILE_WINDOW_SECONDS", 45.0, validate=Range(min=1))
 TENANT_MAX_IN_FLIGHT = env.int("TENANT_MAX_IN_FLIGHT", 16, validate=Range(min=1))
