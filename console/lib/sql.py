@@ -221,9 +221,7 @@ def prep(field: models.Field, value: Any, connection) -> Any:
     value goes to the database as it is (every value of every statement the hot path writes)."""
     if isinstance(value, models.Model):
         value = value.pk
-    kind = _kinds.get(id(field))
-    if kind is None or kind.field is not field:
-        kind = _kinds[id(field)] = _Kind.of(field)
+    kind = _kind(field)
     if value is None and not kind.json:
         return None
     if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
@@ -260,9 +258,16 @@ class _Kind:
 _kinds: dict[int, _Kind] = {}
 
 
+def _kind(field: models.Field) -> _Kind:
+    kind = _kinds.get(id(field))
+    if kind is None or kind.field is not field:
+        kind = _kinds[id(field)] = _Kind.of(field)
+    return kind
+
+
 @cache
 def _kinds_of(model: type[models.Model], names: tuple[str, ...]) -> tuple[_Kind, ...]:
-    return tuple(_Kind.of(_field(model, name)) for name in names)
+    return tuple(_kind(_field(model, name)) for name in names)
 
 
 def prep_all(model: type[models.Model], names: tuple[str, ...], values: Iterable[Any], connection) -> list[Any]:
@@ -343,7 +348,7 @@ def insert(model: type[models.Model], rows: Sequence[dict[str, Any]], *, returni
 def values_of(instance: models.Model) -> dict[str, Any]:
     """Every concrete column of an unsaved instance, by attribute name, for `insert`; an
     auto-increment primary key not set yet is left to the database, as the ORM does."""
-    names, auto_pk = _attnames(type(instance))
+    names, auto_pk = _column_names(type(instance))
     fields = instance.__dict__  # where a model keeps its fields' values (a deferred one is not there)
     values = {name: fields[name] if name in fields else getattr(instance, name) for name in names}
     if auto_pk is not None and values[auto_pk] is None:
@@ -352,7 +357,8 @@ def values_of(instance: models.Model) -> dict[str, Any]:
 
 
 @cache
-def _attnames(model: type[models.Model]) -> tuple[tuple[str, ...], str | None]:
+def _column_names(model: type[models.Model]) -> tuple[tuple[str, ...], str | None]:
+    # Every concrete field's attribute name, and the primary key's when the database assigns it.
     pk = model._meta.pk
     return (tuple(field.attname for field in model._meta.concrete_fields),
             pk.attname if isinstance(pk, models.AutoField) else None)
