@@ -26,13 +26,14 @@ from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware as _AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware as _MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware as _SessionMiddleware
-from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptionsMiddleware
 from django.middleware.common import CommonMiddleware as _CommonMiddleware
 from django.middleware.csrf import CsrfViewMiddleware as _CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware as _SecurityMiddleware
+
+from console.lib.asgi_handler import Handler
 
 
 def _in_thread(hook):
@@ -139,8 +140,9 @@ ON_THE_LOOP = {
 }
 
 
-def asgi_handler() -> ASGIHandler:
-    """Django's ASGI application (as `get_asgi_application()`), its middleware on the loop.
+def asgi_handler() -> Handler:
+    """Django's ASGI application (as `get_asgi_application()`), its middleware on the loop and
+    its own bookkeeping queued in the request's thread (console.lib.asgi_handler).
 
     The handler reads MIDDLEWARE once, as it builds its chain: only for that moment does the
     setting name the subclasses, at the server's start, before any request."""
@@ -148,6 +150,6 @@ def asgi_handler() -> ASGIHandler:
     as_listed = settings.MIDDLEWARE
     settings.MIDDLEWARE = [ON_THE_LOOP.get(path, path) for path in as_listed]
     try:
-        return ASGIHandler()
+        return Handler()
     finally:
         settings.MIDDLEWARE = as_listed

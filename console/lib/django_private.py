@@ -28,6 +28,9 @@ tests/console/test_django_private.py fails, naming what moved, when an upgrade c
 - `UpdateQuery` (`add_update_values`, `add_q`) and its compiler's `as_sql`: an UPDATE with F()
   expressions compiled by the ORM, to which the caller appends RETURNING (the computed values in
   the same statement instead of a second SELECT).
+- `ASGIHandler.handle` (and `get_script_prefix` beside it): `console.lib.asgi_handler.Handler`
+  is a copy of it with the request's bookkeeping queued in its thread; the test compares the
+  original's source with the one copied (`COPIED_FROM`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ pyproject.toml together.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import tomllib
 from pathlib import Path
@@ -48,6 +49,18 @@ def test_pyproject_pins_django_below_the_next_feature_release():
     assert f"{major}.{minor}.99" in pin.specifier, f"pyproject.toml's {pin} excludes the checked release"
     assert f"{major}.{minor + 1}" not in pin.specifier and f"{major + 1}.0" not in pin.specifier, (
         f"pyproject.toml's {pin} lets pip install a Django release whose internals nobody checked: {UPGRADE}")
+
+
+def test_the_asgi_handlers_handle_is_the_one_copied():
+    from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+
+    from console.lib.asgi_handler import COPIED_FROM
+
+    source = inspect.getsource(ASGIHandler.handle)
+    assert hashlib.sha256(source.encode()).hexdigest() == COPIED_FROM, (
+        f"Django's ASGIHandler.handle changed: copy it into console.lib.asgi_handler.Handler again, "
+        f"with the request's bookkeeping queued, and update COPIED_FROM; {UPGRADE}")
+    assert parameters(get_script_prefix) == ["scope"], UPGRADE
 
 
 def test_the_cursor_internals_are_there():
