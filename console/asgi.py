@@ -46,8 +46,35 @@ def _pool_retries_every_second() -> None:
     AttemptWithBackoff.DELAY_BACKOFF = 1.0
 
 
+def _pool_checks_a_quiet_connection_without_a_round_trip() -> None:
+    """CONN_HEALTH_CHECKS makes the pool check each connection it hands out with a round trip
+    (psycopg_pool's `check_connection`), and a request takes a connection up to twice (the
+    dispatch in the request gives its own back around the provider call). A connection whose
+    server went away (a terminated backend, a restarted database) has been told so, or closed:
+    its socket is readable. One with nothing to read is handed out as it is; the others get the
+    round trip, and the pool replaces those that fail it. A connection that dies without a word
+    (a cut network) fails its next statement, as it could right after a round-trip check."""
+    import select
+
+    from django.db import connections
+    from psycopg_pool import ConnectionPool
+
+    pool = connections["default"].pool
+    if pool is None or pool._check is None:  # no pool, or CONN_HEALTH_CHECKS off
+        return
+
+    def check(conn) -> None:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        if poller.poll(0):
+            ConnectionPool.check_connection(conn)
+
+    pool._check = check
+
+
 if settings.DATABASES["default"].get("OPTIONS", {}).get("pool"):
     _pool_retries_every_second()
+    _pool_checks_a_quiet_connection_without_a_round_trip()
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 # Each request's sync code runs in a thread kept between requests, not one started (and joined
 # by another) for every request; with it stays the thread's connection (console/lib/request_threads.py).

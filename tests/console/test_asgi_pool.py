@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = ("import console.asgi; from psycopg_pool.base import AttemptWithBackoff as A; "
          "a = A(timeout=300); delays = []\n"
@@ -33,3 +35,47 @@ def test_the_web_servers_pool_retries_about_every_second():
 def test_without_a_pool_the_library_is_left_alone(tmp_path):
     delays = ast.literal_eval(delays_under(f"sqlite:///{tmp_path / 'db.sqlite3'}"))
     assert delays[-1] > 8, delays  # psycopg_pool's own doubling
+
+
+QUIET_CHECKOUT_PROBE = """
+from psycopg_pool import ConnectionPool
+round_trip = ConnectionPool.check_connection
+checked = []
+def counted(conn):
+    checked.append(conn.info.backend_pid)
+    return round_trip(conn)
+ConnectionPool.check_connection = staticmethod(counted)
+import console.asgi
+import psycopg
+from django.db import connections
+pool = connections["default"].pool
+pool.open(wait=True)
+conn = pool.getconn(); first = conn.info.backend_pid; pool.putconn(conn)
+conn = pool.getconn(); again = conn.info.backend_pid; pool.putconn(conn)
+quiet = list(checked)
+with psycopg.connect(DSN, autocommit=True) as admin:  # and wait until that backend has exited
+    admin.execute("SELECT pg_terminate_backend(%s, 10000)", [again])
+conn = pool.getconn()
+print(quiet, first == again, checked[len(quiet):] == [again], conn.execute("SELECT 1").fetchone()[0], conn.info.backend_pid != again)
+"""
+
+
+@pytest.mark.django_db
+def test_a_quiet_pooled_connection_leaves_the_pool_without_a_round_trip_and_a_dead_one_is_replaced():
+    """The web server's pool checks a connection as it leaves the pool (CONN_HEALTH_CHECKS) with a
+    round trip only when the server sent something since the connection went back (a backend
+    terminated, a database restarted): a request that gives its connection back around a
+    provider call and takes one again pays no round trip for it."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the pool is PostgreSQL's")
+    params = connection.settings_dict
+    url = f"postgres://{params['USER']}@{params['HOST']}:{params['PORT']}/{params['NAME']}"
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "console.settings"}
+    env.pop("DATABASE_POOL", None)
+    probe = f"DSN = {url!r}\n" + QUIET_CHECKOUT_PROBE
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[] True True 1 True"
