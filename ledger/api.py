@@ -279,8 +279,8 @@ def _propose_and_let_go(request: HttpRequest, task_id: str):
             proposal = getattr(response, "proposal", None)
             if proposal is None or not proposal.dispatch_here:
                 return response
-            request_dispatch.dispatch(proposal.operation_id)
-        now = _as_now(proposal)
+            settled = request_dispatch.dispatch(proposal.operation_id)
+        now = _as_now(proposal) if settled is None else _moved(proposal, settled)
         answer = _json(proposal_body(now, request), status_code=response.status_code)
         answer.proposal, answer.wait = now, response.wait
         return answer
@@ -324,10 +324,14 @@ def _proposal_now(request: HttpRequest, proposal: Proposal, status_code: int) ->
 def _as_now(proposal: Proposal) -> Proposal:
     # A statement written by hand: the answer of every waiting proposal reads it.
     connection = sql.connection_for(Operation)
-    now = sql.load(Operation, sql.fetchone(connection, NOW_SQL, [proposal.operation_id]), connection=connection,
-                   only=NOW_FIELDS)
-    return replace(proposal, status=now.status, result=now.result,
-                   outcome=replace(proposal.outcome, final=now.status in FINAL_STATUSES))
+    return _moved(proposal, sql.load(Operation, sql.fetchone(connection, NOW_SQL, [proposal.operation_id]),
+                                     connection=connection, only=NOW_FIELDS))
+
+
+def _moved(proposal: Proposal, operation: Operation) -> Proposal:
+    """The proposal with its operation's status and result as `operation` has them."""
+    return replace(proposal, status=operation.status, result=operation.result,
+                   outcome=replace(proposal.outcome, final=operation.status in FINAL_STATUSES))
 
 
 # drf-spectacular documents any URL whose callback names an APIView class.

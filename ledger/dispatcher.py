@@ -57,15 +57,23 @@ def run_dispatch(operation_id: str, *, worker: str, let_go: Callable[[], None] |
     `let_go()` runs once the claim is checked and before the provider is called: a server's
     request thread gives its database connection back to the pool there (a provider may take
     its whole timeout); a worker's thread keeps its own."""
+    return dispatch_and_settle(operation_id, worker=worker, let_go=let_go)[0]
+
+
+def dispatch_and_settle(operation_id: str, *, worker: str,
+                        let_go: Callable[[], None] | None = None) -> tuple[str, Operation | None]:
+    """`run_dispatch`, and the operation as its receipt left it (status, result), for an answer
+    that needs no read after it; None when no receipt was recorded (nothing to do, deferred, a
+    stale result)."""
     with tracer.start_as_current_span("dispatch", attributes={"countersign.operation_id": operation_id}) as span:
         claimed = _claim(operation_id, worker=worker)
         if isinstance(claimed, str):
             span.set_attribute("countersign.dispatch.result", claimed)
-            return claimed
+            return claimed, None
         if isinstance(claimed, Deferred):
             _enqueue_later(operation_id, claimed)
             span.set_attribute("countersign.dispatch.result", f"deferred:{claimed.reason}")
-            return f"deferred:{claimed.reason}"
+            return f"deferred:{claimed.reason}", None
         operation, attempt = claimed
         span.set_attributes({"countersign.task_id": operation.task_id, "gen_ai.tool.call.id": operation.call_id,
                              "countersign.attempt": attempt.number})
@@ -337,8 +345,9 @@ def _call_provider(operation: Operation, attempt: Attempt,
     return outcome, int((time.monotonic() - started) * 1000)
 
 
-def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms: int) -> str:
-    """Step 7, then schedule what follows: a retry after backoff, or reconciliation."""
+def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms: int) -> tuple[str, Operation | None]:
+    """Step 7, then schedule what follows: a retry after backoff, or reconciliation. Returns the
+    status the receipt moved the operation to, and the operation (None for a stale result)."""
     tool = operation.tool
     retry_at = None
     terminal = False
@@ -358,10 +367,10 @@ def _record(operation: Operation, attempt: Attempt, outcome: Outcome, latency_ms
     )
     if not applied:
         logger.warning("stale result for %s attempt %s kept as evidence", operation.operation_id, attempt.number)
-        return "stale"
+        return "stale", None
     if updated.status == OperationStatus.RETRY_SAFE and retry_at is not None:
         tasks.enqueue_dispatch(operation.operation_id, queue=tool.queue,
                          countdown=max(0.0, (retry_at - timezone.now()).total_seconds()))
     elif updated.status == OperationStatus.UNKNOWN:
         tasks.enqueue_reconcile(operation.operation_id)
-    return updated.status
+    return updated.status, updated

@@ -33,7 +33,8 @@ from django.db import close_old_connections
 
 from approvals.models import Tool
 from ledger import tasks
-from ledger.dispatcher import run_dispatch
+from ledger.dispatcher import dispatch_and_settle
+from ledger.models import Operation
 
 logger = logging.getLogger(__name__)
 
@@ -67,17 +68,19 @@ def server_name() -> str:
     return f"server:{socket.gethostname()}:{os.getpid()}"
 
 
-def dispatch(operation_id: str) -> str:
+def dispatch(operation_id: str) -> Operation | None:
     """Run the operation's dispatch in this thread. Call after the proposal committed, outside
-    any transaction. Returns what happened, as `run_dispatch` does.
+    any transaction. Returns the operation as its receipt left it (its status and result, which
+    the agent's answer carries without reading them again), or None when the dispatch recorded
+    no receipt.
 
     Any failure is handed to the broker: before the claim committed, the message runs the
     dispatch; after it, the message is a no-op (the ledger says `dispatched`) and the sweeper
     settles the operation at its deadline. The proposal has committed, so its agent gets an
     answer either way, never an error for a call that will still run."""
     try:
-        return run_dispatch(operation_id, worker=server_name(), let_go=close_old_connections)
+        return dispatch_and_settle(operation_id, worker=server_name(), let_go=close_old_connections)[1]
     except Exception:  # noqa: BLE001 - the broker takes over whatever went wrong here
         logger.warning("dispatch of %s in the request failed; handed to the broker", operation_id, exc_info=True)
         tasks.enqueue_dispatch(operation_id, queue=Tool.Queue.FAST)
-        return "handed_to_broker"
+        return None

@@ -68,7 +68,7 @@ def test_the_receipt_is_the_move_with_its_event_and_attempt_and_the_webhook_chec
     # PostgreSQL: one statement, the webhook check inside it (the agent takes none).
     limit = 1 if connection.vendor == "postgresql" else 4
     with django_assert_max_num_queries(limit + 2) as captured:
-        assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
+        assert dispatcher._record(operation, attempt, outcome, latency)[0] == S.CONFIRMED
 
     assert len(_statements(captured)) <= limit, _statements(captured)
     assert reload(operation).status == S.CONFIRMED
@@ -118,7 +118,7 @@ def test_on_postgresql_a_receipt_is_one_statement_in_no_transaction_block(run_at
     monkeypatch.setattr(connection, "commit", lambda: (commits.append("commit"), commit()))
 
     with CaptureQueriesContext(connection) as captured:
-        assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
+        assert dispatcher._record(operation, attempt, outcome, latency)[0] == S.CONFIRMED
 
     assert len(captured.captured_queries) == 1, captured.captured_queries
     assert commits == []
@@ -140,7 +140,7 @@ def test_a_receipt_for_an_agent_with_a_webhook_writes_its_call_final_event_with_
     AgentPrincipal.objects.filter(pk=agent.pk).update(webhook_url="https://hooks.example.com/countersign")
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert dispatcher._record(operation, attempt, outcome, latency) == S.CONFIRMED
+        assert dispatcher._record(operation, attempt, outcome, latency)[0] == S.CONFIRMED
 
     (event,) = WebhookEvent.objects.filter(operation_id=operation.operation_id)
     assert (event.kind, event.operation_status) == ("call.final", S.CONFIRMED)

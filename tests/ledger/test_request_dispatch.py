@@ -63,6 +63,22 @@ def test_a_waiting_proposal_is_dispatched_by_its_own_request(running_task, enque
     assert len(effects_of(payments_url, operation)) == 1
 
 
+def test_the_answer_is_what_the_receipt_wrote_with_no_read_after_it(
+        running_task, enqueued, payments_url, unique, monkeypatch):
+    from ledger import api
+
+    reads = []
+    read = api._as_now
+    monkeypatch.setattr(api, "_as_now", lambda proposal: reads.append(proposal) or read(proposal))
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    body = response.json()
+    assert (body["status"], body["final"]) == ("confirmed", True)
+    assert reads == []  # the receipt's statement was the request's last
+    operation = Operation.objects.get()
+    assert (body["status"], body["result"]) == (operation.status, operation.result)
+
+
 def test_a_repeat_of_the_proposal_answers_from_the_ledger_and_sends_nothing_again(
         running_task, enqueued, payments_url, unique):
     arguments = refund(order_id=unique("ord"))
