@@ -66,6 +66,7 @@ class Point:
     calls: list[dict[str, Any]] = field(repr=False)  # {"order_id", "status", "latency", "in_window"}
     duplicates: int = 0
     missing: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)  # the product's processes: CPU seconds in the window
 
     @property
     def confirmed(self) -> list[dict[str, Any]]:
@@ -87,13 +88,18 @@ class Point:
         return (f"{self.system:11} servers={self.servers} workers={self.workers} agents={self.agents:2}: "
                 f"{self.per_s:7.1f} confirmed/s  p50 {self.pct_ms(50):7.1f} ms  p99 {self.pct_ms(99):7.1f} ms  "
                 f"effects: duplicates {self.duplicates} missing {self.missing}"
-                f"{'  other: ' + dict(others).__repr__() if others else ''}  (load {self.load})")
+                f"{'  other: ' + dict(others).__repr__() if others else ''}  (load {self.load})"
+                + (f"\n{'':11} CPU per confirmed call: " + ", ".join(
+                    f"{name} {seconds * 1000 / len(self.confirmed):.2f} ms" for name, seconds in self.cpu.items())
+                   if self.cpu and self.confirmed else ""))
 
     def summary(self) -> dict[str, Any]:
         return {"system": self.system, "servers": self.servers, "workers": self.workers, "agents": self.agents,
                 "confirmed": len(self.confirmed), "confirmed_per_s": round(self.per_s, 1),
                 "p50_ms": round(self.pct_ms(50), 1), "p99_ms": round(self.pct_ms(99), 1),
-                "duplicates": self.duplicates, "missing": self.missing, "load": self.load}
+                "duplicates": self.duplicates, "missing": self.missing, "load": self.load,
+                "cpu_ms_per_call": {name: round(seconds * 1000 / max(1, len(self.confirmed)), 2)
+                                    for name, seconds in self.cpu.items()}}
 
 
 STAGES_SQL = """
@@ -210,6 +216,7 @@ class System:
             for n in range(1, workers + 1)
         ]
         self.logs = logs
+        self.pool = pool
 
     def start(self) -> System:
         from console.lib.procs import http_ok, wait_until
@@ -220,6 +227,13 @@ class System:
             wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=90, what=f"the server on {port}")
         time.sleep(3)  # the workers' consumers connect to the broker
         return self
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The processes whose CPU is measured: the servers, and the workers with a thread pool
+        (a prefork worker's children do the work, and /proc counts a parent's own CPU only)."""
+        return {child.name: child.popen.pid for child in self.children
+                if "server" in child.name or self.pool == "threads"}
 
     @property
     def urls(self) -> list[str]:
@@ -373,9 +387,17 @@ def dbos_agent(index: int, system_url: str, payments_url: str, tag: str, barrier
     results.put((calls, error))
 
 
-def run_agents(target, args_for, agents: int, seconds: float) -> tuple[list[dict[str, Any]], float]:
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU so far (user + system, all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_agents(target, args_for, agents: int, seconds: float,
+               watch: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
     """Spawns the agents, waits until all are warm, lets them run `seconds`, collects their calls.
-    Returns the calls (marked in_window when final before the stop) and the window's length."""
+    Returns the calls (marked in_window when final before the stop), the window's length, and
+    the CPU seconds each process of `watch` (name: pid) used in the window."""
     import multiprocessing
     import threading
 
@@ -392,9 +414,11 @@ def run_agents(target, args_for, agents: int, seconds: float) -> tuple[list[dict
     except threading.BrokenBarrierError:
         pass
     started = time.monotonic()
+    cpu_before = {name: cpu_seconds(pid) for name, pid in (watch or {}).items()}
     if not barrier.broken:
         stop.wait(seconds)
     window_end = time.monotonic()
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in (watch or {}).items()}
     stop.set()
     reports = [results.get(timeout=300) for _ in children]
     for child in children:
@@ -405,7 +429,7 @@ def run_agents(target, args_for, agents: int, seconds: float) -> tuple[list[dict
     calls = [call for found, _ in reports for call in found]
     for call in calls:
         call["in_window"] = call["ended"] <= window_end
-    return calls, window_end - started
+    return calls, window_end - started, cpu
 
 
 # --- effects -----------------------------------------------------------------------------------
@@ -499,21 +523,21 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     for agents in ints(args.agents):
                         tag = f"cs{run}s{servers}w{workers}n{agents}"
-                        calls, seconds = run_agents(
+                        calls, seconds, cpu = run_agents(
                             countersign_agent, lambda i, tag=tag, system=system: (
-                                i, system.urls[i % len(system.urls)], tag), agents, args.seconds)
-                        points.append(Point("countersign", servers, workers, agents, seconds, load(), calls))
+                                i, system.urls[i % len(system.urls)], tag), agents, args.seconds, system.pids)
+                        points.append(Point("countersign", servers, workers, agents, seconds, load(), calls, cpu=cpu))
                         print("           ", stages(url, tag), flush=True)
                         measured = [points[-1]]
                         if not args.no_dbos:
                             tag = f"db{run}s{servers}w{workers}n{agents}"
-                            calls, seconds = run_agents(
+                            calls, seconds, _ = run_agents(
                                 dbos_agent, lambda i, tag=tag: (i, dbos_url, payments.base_url, tag), agents,
                                 args.seconds)
                             measured.append(Point("dbos", servers, workers, agents, seconds, load(), calls))
                         if not args.no_provider:
                             tag = f"pr{run}s{servers}w{workers}n{agents}"
-                            calls, seconds = run_agents(
+                            calls, seconds, _ = run_agents(
                                 provider_agent, lambda i, tag=tag: (i, payments.base_url, tag), agents, args.seconds)
                             measured.append(Point("provider", servers, workers, agents, seconds, load(), calls))
                         points.extend(measured[1:])
