@@ -18,6 +18,12 @@ on a database of its own (its migrations may differ), and the ratio is printed. 
 a tree go side by side (one per core); valgrind slows Python about fifty times, so a run of 100
 lifecycles takes a few minutes. Needs valgrind (Debian's package) and PostgreSQL. Nothing is
 asserted.
+
+With `--target request` a lifecycle is what the web server does for a waiting agent's call
+instead: `POST /api/v1/tasks/{id}/calls?wait=10` sent straight into `console.asgi.application`
+(the server's whole Django side: kept request threads, handler, middleware, the agent API, the
+proposal, its dispatch in the request, the answer; not uvicorn's HTTP parsing), on an event loop
+in the process, as uvicorn would call it; the in-memory channel layer takes the rings.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WARM_UP = 20
 
 
-def child(root: str, lifecycles: int, prepare: bool) -> None:
+def child(root: str, lifecycles: int, prepare: bool, target: str) -> None:
     """In the measured process: this tree's modules first, then the lifecycles."""
     sys.path.insert(0, root)
     os.chdir(root)
@@ -45,10 +51,13 @@ def child(root: str, lifecycles: int, prepare: bool) -> None:
     url = os.environ["DATABASE_URL"]
     if prepare:
         ledger.ensure_database(url)
-    ledger.setup_django(url)
-    if prepare:
+        ledger.setup_django(url)
         ledger.ensure_fixtures()
         return
+    if target == "request":
+        requests(ledger, url, lifecycles)
+        return
+    ledger.setup_django(url)
 
     def body() -> None:
         op, close = ledger.lifecycle_client(0)
@@ -62,11 +71,62 @@ def child(root: str, lifecycles: int, prepare: bool) -> None:
     thread.join()
 
 
-def counted(root: Path, url: str, lifecycles: int) -> int:
+def requests(ledger, url: str, lifecycles: int) -> None:
+    """`lifecycles` waiting agents' calls through the web server's application, after the warm-up."""
+    import asyncio
+    import json
+
+    os.environ.update({"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "console.settings", "DEBUG": "false",
+                       "LOG_LEVEL": "WARNING", "CELERY_BROKER_URL": "memory://", "CHANNEL_LAYER_URL": "memory://"})
+    os.environ.pop("DATABASE_POOL", None)  # the server's own default (console.asgi)
+    import console.asgi
+
+    agent = ledger.load_agent()
+    run = ledger.start_task(agent, owner="bench-instructions")
+    headers = [(b"host", b"localhost"), (b"content-type", b"application/json"),
+               (b"authorization", f"Bearer {ledger.AGENT_TOKEN}".encode())]
+    path = f"/api/v1/tasks/{run.task_id}/calls"
+
+    async def post(n: int) -> None:
+        body = json.dumps({"call_id": f"r{n}", "step_id": f"r{n}", "tool": ledger.TOOL, "arguments": {"n": n},
+                           "expected_version": run.version, "fencing_token": run.fencing_token}).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"wait=10",
+                 "root_path": "", "headers": [*headers, (b"content-length", str(len(body)).encode())],
+                 "client": ("127.0.0.1", 1), "server": ("localhost", 80)}
+        sent: list[dict] = []
+        delivered = asyncio.Event()
+        answered = asyncio.Event()
+
+        async def receive() -> dict:
+            if not delivered.is_set():
+                delivered.set()
+                return {"type": "http.request", "body": body, "more_body": False}
+            await answered.wait()  # connected until the answer is sent, as a waiting agent is
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                answered.set()
+
+        await console.asgi.application(scope, receive, send)
+        answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+        if sent[0]["status"] != 201 or answer.get("status") != "confirmed":
+            raise RuntimeError(f"call r{n} answered {sent[0]['status']}: {answer}")
+
+    async def calls() -> None:
+        for n in range(WARM_UP + lifecycles):
+            await post(n)
+
+    asyncio.run(calls())
+
+
+def counted(root: Path, url: str, lifecycles: int, target: str) -> int:
     """Instructions of one process that starts, warms up and runs `lifecycles` lifecycles."""
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, str(Path(__file__)),
-         "--child", str(root), "--lifecycles", str(lifecycles)],
+         "--child", str(root), "--lifecycles", str(lifecycles), "--target", target],
         env={**os.environ, "DATABASE_URL": url}, capture_output=True, text=True, check=False)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or found is None:
@@ -74,13 +134,13 @@ def counted(root: Path, url: str, lifecycles: int) -> int:
     return int(found.group(1))
 
 
-def per_lifecycle(root: Path, url: str, lifecycles: int) -> float:
+def per_lifecycle(root: Path, url: str, lifecycles: int, target: str) -> float:
     subprocess.run([sys.executable, str(Path(__file__)), "--child", str(root), "--prepare"],
                    env={**os.environ, "DATABASE_URL": url}, check=True)
     counts: dict[int, int] = {}
 
     def run(n: int) -> None:
-        counts[n] = counted(root, url, n)
+        counts[n] = counted(root, url, n, target)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in (0, lifecycles)]
     for thread in threads:
@@ -96,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lifecycles", type=int, default=100)
     parser.add_argument("--baseline", help="a commit to measure beside this tree")
+    parser.add_argument("--target", choices=("lifecycle", "request"), default="lifecycle",
+                        help="the services' lifecycle, or the web server's request for a waiting agent's call")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.lifecycles, args.prepare)
+        child(args.child, args.lifecycles, args.prepare, args.target)
         return 0
 
     url = os.environ.get("DATABASE_URL", "")
@@ -111,18 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from bench.ledger import database_name, with_database
 
-    this = per_lifecycle(ROOT, url, args.lifecycles)
-    print(f"this tree: {this / 1e6:.3f} M instructions per lifecycle ({args.lifecycles} lifecycles)")
+    unit = "lifecycle" if args.target == "lifecycle" else "request"
+    this = per_lifecycle(ROOT, url, args.lifecycles, args.target)
+    print(f"this tree: {this / 1e6:.3f} M instructions per {unit} ({args.lifecycles} {unit}s)")
     if args.baseline:
         with tempfile.TemporaryDirectory(prefix="cs-baseline-") as folder:
             tree = Path(folder) / "tree"
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), args.baseline],
                            check=True, capture_output=True)
             try:
-                before = per_lifecycle(tree, with_database(url, database_name(url) + "_baseline"), args.lifecycles)
+                before = per_lifecycle(tree, with_database(url, database_name(url) + "_baseline"), args.lifecycles,
+                                       args.target)
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-        print(f"baseline {args.baseline}: {before / 1e6:.3f} M instructions per lifecycle")
+        print(f"baseline {args.baseline}: {before / 1e6:.3f} M instructions per {unit}")
         print(f"this tree ÷ baseline: {this / before:.3f}")
     return 0
 
