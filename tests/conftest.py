@@ -11,6 +11,7 @@ from django.test import override_settings
 from approvals.defaults import ensure_policy_defaults
 from approvals.models import Tool
 from console.models import AgentPrincipal, Membership, Role, Tenant
+from ledger.longpoll import Doorbell
 
 # Fixtures and helpers shared by tests in several directories (the agent API's client and running
 # task, the dispatcher's sandbox providers, the support console's operations). Nothing in them is
@@ -168,6 +169,23 @@ def _tables_whose_truncate_fires_triggers(connection) -> frozenset[str] | None:
             triggered = frozenset(relname for (relname,) in cursor.fetchall())
         _TRUNCATE_TRIGGERS[name] = triggered if superuser else None
     return _TRUNCATE_TRIGGERS[name]
+
+
+@pytest.fixture
+def waits(monkeypatch) -> list[tuple[float, str | None]]:
+    """Each wait a long-poll or a proposal entered (`Doorbell.watch`): its seconds, and the
+    status that ended it (None: it ran out). "Answered at once" is then no wait at all, not a
+    stopwatch's reading."""
+    seen: list[tuple[float, str | None]] = []
+    real = Doorbell.watch
+
+    async def watch(self, call_pk, baseline, wait, **kwargs):
+        moved = await real(self, call_pk, baseline, wait, **kwargs)
+        seen.append((wait, None if moved is None else moved[0]))
+        return moved
+
+    monkeypatch.setattr(Doorbell, "watch", watch)
+    return seen
 
 
 @pytest.fixture(scope="session")

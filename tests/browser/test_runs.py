@@ -105,7 +105,6 @@ def bulk_trace(task, *, steps: int, per_step: int, first: int = 1, t0=None) -> N
 
 
 def test_a_2000_span_run_page_loads_collapsed_and_appends_live_spans(asgi_server, page, screenshot, agent, tenant):
-    import time
     from datetime import timedelta
 
     from django.utils import timezone
@@ -116,11 +115,9 @@ def test_a_2000_span_run_page_loads_collapsed_and_appends_live_spans(asgi_server
     task = task_create(principal=agent, task_type="refund", goal="A long run")
     bulk_trace(task, steps=20, per_step=99)  # 1 + 20 + 1,980 = 2,001 spans
     log_in(page, asgi_server.url, "watcher")
-    started = time.perf_counter()
     page.goto(f"{asgi_server.url}/runs/{task.task_id}/")
     waterfall = page.locator("#run-waterfall")
     expect(waterfall).to_have_attribute("data-rendered", "2001")
-    loaded_s = time.perf_counter() - started
     rows = page.locator("#run-waterfall .waterfall__row")
     expect(rows).to_have_count(21)  # the root open, each 99-span step closed
     step3 = page.locator(f'.waterfall__row[data-span="{2 + 3 * 100:016x}"]')  # root 1, step s at 2 + 100 s
@@ -145,7 +142,6 @@ def test_a_2000_span_run_page_loads_collapsed_and_appends_live_spans(asgi_server
     expect(rows).to_have_count(24 + 99)
     expect(page.locator('button[data-span="0000000000000002"]')).to_be_focused()
     screenshot(page, "run-2000-spans")
-    assert loaded_s < 8, f"the 2,000-span page took {loaded_s:.1f} s to draw"
 
 
 def test_the_waterfall_marks_the_critical_path_errors_and_orphans(asgi_server, page, agent, tenant):
