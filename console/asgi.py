@@ -69,6 +69,8 @@ def _pool_checks_a_quiet_connection_without_a_round_trip() -> None:
         if poller.poll(0):
             ConnectionPool.check_connection(conn)
 
+    # psycopg_pool takes `check` only in its constructor, which Django calls with its own;
+    # tests/console/test_asgi_pool.py fails if this attribute stops being the one it calls.
     pool._check = check
 
 
