@@ -387,12 +387,6 @@ def dbos_agent(index: int, system_url: str, payments_url: str, tag: str, barrier
     results.put((calls, error))
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's CPU so far (user + system, all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_agents(target, args_for, agents: int, seconds: float,
                watch: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
     """Spawns the agents, waits until all are warm, lets them run `seconds`, collects their calls.
@@ -400,6 +394,8 @@ def run_agents(target, args_for, agents: int, seconds: float,
     the CPU seconds each process of `watch` (name: pid) used in the window."""
     import multiprocessing
     import threading
+
+    from bench.request_path import cpu_seconds
 
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(agents + 1)
