@@ -5,7 +5,7 @@ boundaries) and then sends them again, over and over, straight through psycopg: 
 ledger logic, no Celery, no Django. Each replay gets a new operation, call and step ID, so it
 writes the same rows, index entries and foreign-key checks a lifecycle writes. What remains is
 the cost of the protocol's writes on this server: the lower bound of any client, in any
-language, that keeps these writes and these three commits.
+language, that keeps these writes and these commits.
 
 Two shapes:
 - "floor": the statements one at a time, with psycopg's own `BEGIN` per transaction, as the

@@ -9,8 +9,9 @@ tenants' load, frequency), which swamps a change of 10 %. Callgrind counts the i
 process executes instead: the same code, inputs and environment give the same count, whatever
 else runs.
 
-One lifecycle is `bench/ledger.py`'s (`call_propose` with `dispatch_here`, then `run_dispatch`:
-the claim, the in-process no-op provider, the receipt), in one thread, as a client runs it. Each
+One lifecycle is `bench/ledger.py`'s (`call_propose` with `dispatch_here`, which claims in the
+proposal's transaction, then `dispatcher.settle`: the in-process no-op provider, the receipt), in
+one thread, as a client runs it. Each
 tree is run twice under callgrind, after the same start-up and warm-up: once with no lifecycle
 and once with `--lifecycles`; the difference divided by `--lifecycles` is printed. With
 `--baseline`, that commit is checked out in a temporary git worktree and measured the same way,

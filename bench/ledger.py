@@ -11,8 +11,8 @@ every run, for each client count, interleaved so that a noisy neighbour hurts th
   physical limit of this server and disk.
 - lifecycle (a): the full life of an auto-dispatched write call through the service layer, as
   a server runs a waiting agent's call (ledger/request_dispatch.py): `call_propose` (gate →
-  ledger, L0 so no approval; `dispatch_here`, so nothing is published) → `run_dispatch` (claim →
-  in-process no-op provider → receipt). An operation counts when its receipt is committed
+  ledger → claim, one transaction; L0 so no approval; `dispatch_here`, so nothing is published)
+  → `dispatcher.settle` (in-process no-op provider → receipt). An operation counts when its receipt is committed
   (`confirmed`). All clients in one tenant; with several clients also "a tenant per client".
 - dbos (c): a one-step DBOS workflow, its system database on the same server.
 - floor (d): the lifecycle's own statements replayed straight through psycopg, nothing in
@@ -415,13 +415,12 @@ def lifecycle_runner(index: int, *, own_tenant: bool = False) -> tuple[Callable[
     from django.db import connections
 
     from approvals.gate import Decision
-    from ledger.dispatcher import run_dispatch
+    from ledger.dispatcher import settle
     from ledger.models import OperationStatus
     from ledger.proposals import call_propose
 
     agent = load_agent(index if own_tenant else 0)
     run = start_task(agent, owner=f"bench-{index}")
-    worker = f"bench-{index}"
 
     clock = time.perf_counter
     propose_times, dispatch_times = PHASES["propose"], PHASES["dispatch"]
@@ -436,7 +435,7 @@ def lifecycle_runner(index: int, *, own_tenant: bool = False) -> tuple[Callable[
         if proposal.decision != Decision.DISPATCHED or not proposal.dispatch_here:
             raise RuntimeError(f"proposal {call_id} was {proposal.decision}: {proposal.reasons}")
         proposed = clock()
-        result = run_dispatch(proposal.operation_id, worker=worker)
+        result, _ = settle(proposal.operation_id, proposal.claim)
         propose_times.append(proposed - started)
         dispatch_times.append(clock() - proposed)
         if result != OperationStatus.CONFIRMED:

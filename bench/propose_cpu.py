@@ -13,8 +13,8 @@ each, one task), `--rounds` times, interleaved:
   the middleware, authentication, rate limit, DRF parsing and serializers, the service call and
   the response.
 - dispatched: the same request with `?wait=`, so the request dispatches the call itself
-  (ledger/request_dispatch.py: the claim, the provider — here the in-process no-op — and the
-  receipt) and answers `confirmed`: everything a waiting agent's call costs the server's CPU.
+  (ledger/request_dispatch.py: the claim in the proposal's transaction, the provider — here the
+  in-process no-op — and the receipt) and answers `confirmed`: everything a waiting agent's call costs the server's CPU.
 
 Printed: `time.process_time` per proposal (CPU, which leaves out the waits for the database and
 for a core, so it holds on a loaded machine better than latency), the median of the rounds, and

@@ -6,15 +6,17 @@ records the receipt, and nothing was published to the broker. The trial freezes 
 one of the dispatcher's seams (chaos/server.py installs the hook), kills it there, and the rest
 of the system settles the operation with no server's help:
 
-- before the claim commits: the claim rolls back, the operation is still `authorized`, and the
-  sweeper publishes it (REDISPATCH_AFTER_SECONDS) for a worker: 1 attempt;
+- before the claim commits: the claim commits with the proposal, so both roll back and the
+  ledger has nothing of the call; the agent's framework proposes it again (here without a wait,
+  so a worker runs it): 1 attempt;
 - before the provider call: `dispatched` with nothing sent; at its deadline the sweeper marks it
   `unknown` and reconciliation asks the provider (nothing there: dispatched again by a worker);
 - after the provider call: the effect exists, its receipt does not; reconciliation finds it.
 
 Whichever: one effect at the provider, `confirmed`. The agent's request dies with the server;
-its framework proposes the call again, which is answered from the ledger (not checked here: the
-races of repeated proposals are scenarios 4 and 6). The stack's watchdog restarts the server.
+its framework proposes the call again: a new proposal after the first seam, a repeat answered
+from the ledger after the others (the races of repeated proposals are scenarios 4 and 6). The
+stack's watchdog restarts the server.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from chaos.invariants import VIOLATION, Expect, Finding
 from chaos.stack import ChaosStack
 from chaos.world import REFUND, Trial, World, kill, order, refund_arguments, start_task
 from console.lib.procs import http_ok, wait_until
-from ledger.models import OperationStatus
+from ledger.models import Operation, OperationStatus
 from ledger.seams import SEAMS
 
 
@@ -55,8 +57,17 @@ def kill_server_mid_dispatch(stack: ChaosStack, world: World, rng: random.Random
     agent.join(timeout=30)
     if answers != ["no answer"]:
         findings.append(Finding(VIOLATION, operation_id, f"the agent was answered by a killed server: {answers}"))
-    # The watchdog starts a new server: the next trial talks to it.
+    # The watchdog starts a new server: the agent's second proposal, and the next trial, talk to it.
     wait_until(http_ok(f"{stack.api_url}/healthz"), timeout=60, what="the API server restarted")
+    committed = Operation.objects.filter(pk=operation_id).exists()
+    if committed == (seam == "before_dispatch_commit"):
+        findings.append(Finding(VIOLATION, operation_id, f"killed at {seam}, the ledger {'has' if committed else 'lacks'}"
+                                                         " the call"))
+    again = httpx.post(f"{stack.api_url}/api/v1/tasks/{run.task_id}/calls", json=body, timeout=30,
+                       headers={"Authorization": f"Bearer {world.api_token}"})
+    if again.status_code != (200 if committed else 201):
+        findings.append(Finding(VIOLATION, operation_id,
+                                f"the agent's second proposal was answered {again.status_code} {again.text[:200]}"))
     expected = Expect(frozenset({OperationStatus.CONFIRMED}), effects=1, max_attempts=2,
                       attempts=1 if seam != "before_provider_call" else None)
     return Trial({operation_id: expected}, findings=findings)

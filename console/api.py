@@ -15,10 +15,12 @@ This module is the floor the apps' API modules stand on, so it imports no app (`
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
+from django.db import OperationalError
 from django.http import Http404
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
@@ -37,6 +39,8 @@ from console.lib.errors import DomainError, RateLimited
 from console.models import AgentPrincipal, Tenant, hash_token
 
 # --- the error shape -------------------------------------------------------------------------
+
+logger = logging.getLogger(__name__)
 
 # The code a DRF exception answers with, by its status.
 DRF_CODES = {
@@ -64,6 +68,12 @@ def exception_handler(exc, context) -> Response | None:
     if isinstance(exc, DomainError):
         headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=headers)
+    if isinstance(exc, OperationalError):
+        # The database went away, a deadlock, a lock that timed out: the transaction rolled back
+        # and nothing was written, so the same request may simply be sent again.
+        logger.warning("API request failed on the database; answered 503", exc_info=exc)
+        return Response(error_body("unavailable", "The database is unavailable; nothing was written. Try again.",
+                                   {}), status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "1"})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

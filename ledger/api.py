@@ -279,7 +279,7 @@ def _propose_and_let_go(request: HttpRequest, task_id: str):
             proposal = getattr(response, "proposal", None)
             if proposal is None or not proposal.dispatch_here:
                 return response
-            settled = request_dispatch.dispatch(proposal.operation_id)
+            settled = request_dispatch.dispatch(proposal.operation_id, proposal.claim)
         now = _as_now(proposal) if settled is None else _moved(proposal, settled)
         answer = _json(proposal_body(now, request), status_code=response.status_code)
         answer.proposal, answer.wait = now, response.wait

@@ -57,30 +57,41 @@ def run_dispatch(operation_id: str, *, worker: str, let_go: Callable[[], None] |
     `let_go()` runs once the claim is checked and before the provider is called: a server's
     request thread gives its database connection back to the pool there (a provider may take
     its whole timeout); a worker's thread keeps its own."""
-    return dispatch_and_settle(operation_id, worker=worker, let_go=let_go)[0]
-
-
-def dispatch_and_settle(operation_id: str, *, worker: str,
-                        let_go: Callable[[], None] | None = None) -> tuple[str, Operation | None]:
-    """`run_dispatch`, and the operation as its receipt left it (status, result), for an answer
-    that needs no read after it; None when no receipt was recorded (nothing to do, deferred, a
-    stale result)."""
     with tracer.start_as_current_span("dispatch", attributes={"countersign.operation_id": operation_id}) as span:
-        claimed = _claim(operation_id, worker=worker)
-        if isinstance(claimed, str):
-            span.set_attribute("countersign.dispatch.result", claimed)
-            return claimed, None
-        if isinstance(claimed, Deferred):
-            _enqueue_later(operation_id, claimed)
-            span.set_attribute("countersign.dispatch.result", f"deferred:{claimed.reason}")
-            return f"deferred:{claimed.reason}", None
-        operation, attempt = claimed
-        span.set_attributes({"countersign.task_id": operation.task_id, "gen_ai.tool.call.id": operation.call_id,
-                             "countersign.attempt": attempt.number})
-        seam("before_provider_call", operation_id)
-        outcome, latency_ms = _call_provider(operation, attempt, let_go)
-        seam("after_provider_call", operation_id)
-        return _record(operation, attempt, outcome, latency_ms)
+        return _settle(span, operation_id, _claim(operation_id, worker=worker), let_go)[0]
+
+
+Claim = tuple[Operation, Attempt] | Deferred | str
+
+
+def settle(operation_id: str, claimed: Claim, *,
+           let_go: Callable[[], None] | None = None) -> tuple[str, Operation | None]:
+    """Steps 6 and 7 after a claim committed with its caller's transaction
+    (`claim_in_transaction`'s result): the provider call and the receipt; a deferred claim goes
+    back to the broker for later; a claim that found nothing to do ends here. Returns what
+    happened, for logs, and the operation as its receipt left it (status, result), for an
+    answer that needs no read after it; None when no receipt was recorded (nothing to do,
+    deferred, a stale result)."""
+    with tracer.start_as_current_span("dispatch", attributes={"countersign.operation_id": operation_id}) as span:
+        return _settle(span, operation_id, claimed, let_go)
+
+
+def _settle(span, operation_id: str, claimed: Claim,
+            let_go: Callable[[], None] | None) -> tuple[str, Operation | None]:
+    if isinstance(claimed, str):
+        span.set_attribute("countersign.dispatch.result", claimed)
+        return claimed, None
+    if isinstance(claimed, Deferred):
+        _enqueue_later(operation_id, claimed)
+        span.set_attribute("countersign.dispatch.result", f"deferred:{claimed.reason}")
+        return f"deferred:{claimed.reason}", None
+    operation, attempt = claimed
+    span.set_attributes({"countersign.task_id": operation.task_id, "gen_ai.tool.call.id": operation.call_id,
+                         "countersign.attempt": attempt.number})
+    seam("before_provider_call", operation_id)
+    outcome, latency_ms = _call_provider(operation, attempt, let_go)
+    seam("after_provider_call", operation_id)
+    return _record(operation, attempt, outcome, latency_ms)
 
 
 def _enqueue_later(operation_id: str, deferred: Deferred) -> None:
@@ -92,57 +103,64 @@ def _enqueue_later(operation_id: str, deferred: Deferred) -> None:
     tasks.enqueue_dispatch(operation_id, queue=deferred.queue, countdown=countdown)
 
 
-def _claim(operation_id: str, *, worker: str):
-    """Steps 5: re-validate and commit `dispatched`. Returns (operation, attempt), a Deferred,
-    or a string naming why there is nothing to do."""
-    now = timezone.now()
+def _claim(operation_id: str, *, worker: str) -> Claim:
+    """Step 5 in a transaction of its own: re-validate and commit `dispatched`."""
     with transaction.atomic():
-        claimed = _lock_for_claim(operation_id)
-        if claimed is None:
-            return "missing"
-        operation, circuit_until, in_flight, catalog = claimed
-        if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
-            return f"noop:{operation.status}"
-        tool = operation.tool
-        held = _held(operation, catalog)
-        if held:
-            return held
-        # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
-        approval = _approved_request(operation) if operation.needs_approval else None
-        refusal = _revalidate(operation, approval, now=now, catalog=catalog)
-        if refusal:
-            return refusal
-        if operation.status == OperationStatus.RETRY_SAFE:
-            stop = _retry_exhausted(operation, tool, now=now)
-            if stop:
-                services.operation_fail(operation_id=operation_id, actor=ACTOR, reason=stop,
-                                        evidence={"attempts": operation.attempt_count, "last_error": operation.last_error})
-                return f"failed:{stop}"
-            if operation.not_before and operation.not_before > now:
-                return Deferred("backoff", (operation.not_before - now).total_seconds(), tool.queue)
-        reopen = circuit_still_open(tool, circuit_until, now=now)
-        if reopen:
-            return Deferred("circuit_open", (reopen - now).total_seconds(), tool.queue)
-        # Mutual exclusion: two operations on one business object (one order's refunds) never
-        # run at once. The tenant's in-flight limit is a load guard, not a safety property: it
-        # is counted without a lock (concurrent claimers may overshoot it by their number)
-        # rather than serializing every dispatch of a tenant.
-        if operation.business_key:
-            lock_name(f"business:{tool.name}:{operation.business_key}")
-            # An operation in doubt (unknown) may still have happened: it blocks its business key too.
-            busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
-                                            status__in=[OperationStatus.DISPATCHED, OperationStatus.UNKNOWN])
-            if busy.exclude(pk=operation_id).exists():
-                return Deferred("business_key_busy", 0.5, tool.queue)
-        if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
-            return Deferred("tenant_limit", 0.5, tool.queue)
-        if approval is not None:
-            approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
-        deadline = now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
-        seam("before_dispatch_commit", operation_id)
-        # The row locked above, with its tool: no second lock, no lazy load before the provider call.
-        return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline,
-                                           locked=operation)
+        return claim_in_transaction(operation_id, worker=worker)
+
+
+def claim_in_transaction(operation_id: str, *, worker: str) -> Claim:
+    """Step 5 in the caller's open transaction (a proposal's, when its request dispatches the
+    call: ledger/request_dispatch.py): re-validate and move to `dispatched`, committed with that
+    transaction. Returns (operation, attempt), a Deferred, or a string naming why there is
+    nothing to do; `settle` takes it from there once the transaction has committed."""
+    now = timezone.now()
+    claimed = _lock_for_claim(operation_id)
+    if claimed is None:
+        return "missing"
+    operation, circuit_until, in_flight, catalog = claimed
+    if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
+        return f"noop:{operation.status}"
+    tool = operation.tool
+    held = _held(operation, catalog)
+    if held:
+        return held
+    # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
+    approval = _approved_request(operation) if operation.needs_approval else None
+    refusal = _revalidate(operation, approval, now=now, catalog=catalog)
+    if refusal:
+        return refusal
+    if operation.status == OperationStatus.RETRY_SAFE:
+        stop = _retry_exhausted(operation, tool, now=now)
+        if stop:
+            services.operation_fail(operation_id=operation_id, actor=ACTOR, reason=stop,
+                                    evidence={"attempts": operation.attempt_count, "last_error": operation.last_error})
+            return f"failed:{stop}"
+        if operation.not_before and operation.not_before > now:
+            return Deferred("backoff", (operation.not_before - now).total_seconds(), tool.queue)
+    reopen = circuit_still_open(tool, circuit_until, now=now)
+    if reopen:
+        return Deferred("circuit_open", (reopen - now).total_seconds(), tool.queue)
+    # Mutual exclusion: two operations on one business object (one order's refunds) never
+    # run at once. The tenant's in-flight limit is a load guard, not a safety property: it
+    # is counted without a lock (concurrent claimers may overshoot it by their number)
+    # rather than serializing every dispatch of a tenant.
+    if operation.business_key:
+        lock_name(f"business:{tool.name}:{operation.business_key}")
+        # An operation in doubt (unknown) may still have happened: it blocks its business key too.
+        busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
+                                        status__in=[OperationStatus.DISPATCHED, OperationStatus.UNKNOWN])
+        if busy.exclude(pk=operation_id).exists():
+            return Deferred("business_key_busy", 0.5, tool.queue)
+    if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
+        return Deferred("tenant_limit", 0.5, tool.queue)
+    if approval is not None:
+        approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
+    deadline = now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
+    seam("before_dispatch_commit", operation_id)
+    # The row locked above, with its tool: no second lock, no lazy load before the provider call.
+    return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline,
+                                       locked=operation)
 
 
 _CLAIM_LOADS = (Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit)

@@ -168,7 +168,7 @@ def _propose_and_dispatch(**proposal: Any) -> Proposal:
     with request_dispatch.slot() as free:
         answer = call_propose(**proposal, dispatch_here=free)
         if answer.dispatch_here:
-            request_dispatch.dispatch(answer.operation_id)
+            request_dispatch.dispatch(answer.operation_id, answer.claim)
     return answer
 
 

@@ -86,9 +86,10 @@ class Proposal:
     created: bool = False  # this proposal created the operation (HTTP 201)
     repeat: bool = False  # answered from the ledger for a call ID seen before
     call_pk: int | None = None  # the call's row: what a proposal that waits for the outcome watches
-    # Nothing was published: the caller dispatches it now that the proposal committed
-    # (`call_propose(dispatch_here=True)`, ledger/request_dispatch.py).
+    # Nothing was published: the caller dispatches it now that the proposal committed with its
+    # claim, `claim` (`call_propose(dispatch_here=True)`, ledger/request_dispatch.py).
     dispatch_here: bool = False
+    claim: Any = None
 
 
 def call_propose(
@@ -104,8 +105,9 @@ def call_propose(
     dispatch_here: bool = False,
 ) -> Proposal:
     """`dispatch_here`: the caller waits for the outcome and will dispatch a call the gate runs
-    at once itself (`ledger.request_dispatch`); the answer's `dispatch_here` says whether it
-    must (nothing was published for it)."""
+    at once itself (`ledger.request_dispatch`): its claim commits with the proposal, and the
+    answer's `dispatch_here` and `claim` say whether the caller must settle it (nothing was
+    published for it)."""
     if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID or not call_id.isprintable():
         # Event rows name their entity in 64 characters, and every call leaves events. Any
         # printable character (frameworks invent their own IDs); no control characters.
@@ -280,11 +282,13 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         for name, value in spent.items():
             setattr(task, name, value)
         if runs_at_once:
+            claim = request_dispatch.claim(operation_id) if dispatch_here else None
             return Proposal(
-                call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
+                call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED,
+                status=claim[0].status if isinstance(claim, tuple) else operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
                 risk_tier=result.risk_tier, created=True, call_pk=call_pk, dispatch_here=dispatch_here,
-                outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
+                claim=claim, outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 
         ledger_services.operation_created_event(operation, actor=principal.ref)

@@ -6,11 +6,13 @@ publishes, a worker picks the message up, the worker rings the server's doorbell
 receipt commits, and the server reads the outcome back. The agent is waiting on this server
 anyway, so the server runs the dispatch itself (Temporal calls the same idea eager dispatch).
 
-It is the worker's protocol, not a second one: `run_dispatch` with the same claim (every check
-of authority at the moment of effect), fencing token, provider call and receipt. Nothing is
-published for it, so a server that dies before its claim commits leaves the operation
-`authorized`, and the sweeper publishes it after REDISPATCH_AFTER_SECONDS, as it does for a
-lost message; one that dies after its claim leaves it `dispatched`, and the sweeper marks it
+It is the worker's protocol, not a second one: the same claim (every check of authority at the
+moment of effect), fencing token, provider call and receipt. The claim runs in the proposal's
+own transaction, so the call commits `dispatched` with its proposal: one commit fewer than a
+worker's dispatch, and no moment where the call is `authorized` with nothing on its way. Nothing
+is published for it. A server that dies (or a claim that fails) before that commit leaves
+nothing at all: the agent's request gets no answer (or a 503), and its framework proposes the
+call again. One that dies after it leaves the operation `dispatched`, and the sweeper marks it
 `unknown` at its deadline for reconciliation, as it does for a lost worker.
 
 Only tools on the fast queue (a server thread does not wait on slow ones), only with
@@ -32,8 +34,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from approvals.models import Tool
-from ledger import tasks
-from ledger.dispatcher import dispatch_and_settle
+from ledger import dispatcher, tasks
 from ledger.models import Operation
 
 logger = logging.getLogger(__name__)
@@ -68,18 +69,24 @@ def server_name() -> str:
     return f"server:{socket.gethostname()}:{os.getpid()}"
 
 
-def dispatch(operation_id: str) -> Operation | None:
-    """Run the operation's dispatch in this thread. Call after the proposal committed, outside
-    any transaction. Returns the operation as its receipt left it (its status and result, which
-    the agent's answer carries without reading them again), or None when the dispatch recorded
-    no receipt.
+def claim(operation_id: str) -> dispatcher.Claim:
+    """The claim of a call the proposal's request dispatches, in the proposal's transaction: the
+    call commits `dispatched` with its proposal, and a claim that fails takes the proposal with
+    it (nothing committed, nothing sent; the agent proposes again)."""
+    return dispatcher.claim_in_transaction(operation_id, worker=server_name())
 
-    Any failure is handed to the broker: before the claim committed, the message runs the
-    dispatch; after it, the message is a no-op (the ledger says `dispatched`) and the sweeper
-    settles the operation at its deadline. The proposal has committed, so its agent gets an
-    answer either way, never an error for a call that will still run."""
+
+def dispatch(operation_id: str, claimed: dispatcher.Claim) -> Operation | None:
+    """The rest of the operation's dispatch in this thread (`dispatcher.settle`), after its
+    proposal and claim committed, outside any transaction. Returns the operation as its receipt
+    left it (its status and result, which the agent's answer carries without reading them
+    again), or None when the dispatch recorded no receipt.
+
+    Any failure is handed to the broker: the message is a no-op (the ledger says `dispatched`)
+    and the sweeper settles the operation at its deadline. The proposal has committed, so its
+    agent gets an answer either way, never an error for a call that will still run."""
     try:
-        return dispatch_and_settle(operation_id, worker=server_name(), let_go=close_old_connections)[1]
+        return dispatcher.settle(operation_id, claimed, let_go=close_old_connections)[1]
     except Exception:  # noqa: BLE001 - the broker takes over whatever went wrong here
         logger.warning("dispatch of %s in the request failed; handed to the broker", operation_id, exc_info=True)
         tasks.enqueue_dispatch(operation_id, queue=Tool.Queue.FAST)

@@ -38,13 +38,13 @@ def run_at(seam: str, stack) -> tuple[list, Operation, list[Attempt], list[str]]
     return findings, operation, attempts, moves
 
 
-def test_killed_before_its_claim_committed_the_sweeper_hands_the_call_to_a_worker(stack):
+def test_killed_before_its_claim_committed_nothing_was_written_and_the_agents_second_proposal_runs(stack):
     findings, operation, attempts, moves = run_at("before_dispatch_commit", stack)
 
-    assert findings == [], explain(findings, stack)
+    assert findings == [], explain(findings, stack)  # among them: the ledger had nothing after the kill
     assert operation.status == S.CONFIRMED
     (attempt,) = attempts
-    assert not attempt.worker.startswith("server:")  # the killed server's claim rolled back
+    assert not attempt.worker.startswith("server:")  # the second proposal, without a wait, went to a worker
     assert S.UNKNOWN not in moves
 
 

@@ -1,8 +1,8 @@
 """Dispatch in the request: a call the gate runs at once, proposed by an agent that waits for its outcome
 (`?wait=`), is dispatched by the request that proposed it, in the server's own thread, right after
-the proposal commits: no broker hop, no worker pickup, no ring back to the server. The protocol is
-the worker's (`ledger.dispatcher.run_dispatch`: the same claim, fencing token and receipt), so a
-server that dies mid-dispatch is recovered as a lost worker is (tests/chaos, `kill-server-*`).
+the proposal commits with its claim: no broker hop, no worker pickup, no ring back to the server.
+The protocol is the worker's (`ledger.dispatcher`: the same claim, fencing token and receipt), so
+a server that dies mid-dispatch is recovered as a lost worker is (tests/chaos, `kill-server-*`).
 
 Against the real payments sandbox, which counts its effects. The proposals go through the ASGI
 view (`propose_call`), as an agent's do."""
@@ -19,13 +19,13 @@ from django.db import OperationalError, connection, connections
 from django.test import AsyncClient
 
 from approvals.models import Tool
-from console.lib.procs import wait_until
+from console.models import Event
 from ledger import dispatcher, request_dispatch, seams
 from ledger.dispatcher import run_dispatch
-from ledger.models import Attempt, Operation
+from ledger.models import Attempt, Call, Operation
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import call_body, refund
-from tests.fixtures.dispatch import backend_waits_on_a_lock, effects_of
+from tests.fixtures.dispatch import effects_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
               pytest.mark.usefixtures("sandbox_settings", "tools")]
@@ -131,17 +131,52 @@ def test_a_claim_the_dispatcher_defers_is_left_to_the_broker_and_the_wait_goes_o
     assert not Attempt.objects.exists()
 
 
-def test_a_dispatch_that_fails_before_its_claim_is_handed_to_the_broker(running_task, enqueued, monkeypatch):
-    """The proposal has committed: the agent gets its answer, and the call still runs."""
-    def database_gone(*args, **kwargs):
-        raise OperationalError("the connection was lost")
+def test_the_proposal_and_its_claim_commit_together(running_task, enqueued, payments_url, unique, monkeypatch):
+    """One commit before the provider is called (the proposal with its claim), not two: no
+    moment where the call is `authorized` with nothing on its way."""
+    commits, at_the_provider = [], []
+    real_commit = type(connections["default"])._commit
+    monkeypatch.setattr(type(connections["default"]), "_commit",
+                        lambda self: commits.append(self.alias) or real_commit(self))
+    real_adapter = dispatcher.adapter_for
 
-    monkeypatch.setattr(dispatcher, "_claim", database_gone)
+    def adapter_for(tool):
+        adapter = real_adapter(tool)
+        execute = adapter.execute
+        adapter.execute = lambda *args, **kwargs: at_the_provider.append(len(commits)) or execute(*args, **kwargs)
+        return adapter
 
-    response = propose(running_task, wait=0.3)
+    monkeypatch.setattr(dispatcher, "adapter_for", adapter_for)
 
-    assert response.status_code == 201 and response.json()["status"] == "authorized"
-    assert enqueued.dispatched_ids() == [Operation.objects.get().operation_id]
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.json()["status"] == "confirmed"
+    assert at_the_provider == [1]
+    moves = list(Event.objects.filter(entity=Operation.EVENT_ENTITY).order_by("id").values_list("to_status", flat=True))
+    assert moves == ["planned", "authorized", "dispatched", "confirmed"]
+
+
+def test_a_claim_that_fails_takes_its_proposal_with_it_and_the_agent_proposes_again(
+        running_task, enqueued, payments_url, unique):
+    """Nothing committed, nothing published, nothing sent: the agent is told to try again (503,
+    the API's error shape), and its second proposal runs as the first would have."""
+    def database_gone(name: str, operation_id: str) -> None:
+        if name == "before_dispatch_commit":
+            raise OperationalError("the connection was lost")
+
+    arguments = refund(order_id=unique("ord"))
+    previous = seams.install(database_gone)
+    try:
+        refused = propose(running_task, arguments=arguments)
+    finally:
+        seams.install(previous)
+
+    assert refused.status_code == 503, refused.content
+    assert refused.json()["error"]["code"] == "unavailable" and refused.headers["Retry-After"]
+    assert not Operation.objects.exists() and not Call.objects.exists() and enqueued.dispatches == []
+    again = propose(running_task, arguments=arguments)
+    assert (again.status_code, again.json()["status"]) == (201, "confirmed")
+    assert len(effects_of(payments_url, Operation.objects.get())) == 1
 
 
 def test_the_request_holds_no_database_connection_during_the_provider_call(
@@ -192,13 +227,14 @@ def test_a_slot_is_given_back_whatever_the_proposal_answered(running_task, enque
     assert ran.json()["status"] == "confirmed" and enqueued.dispatches == []
 
 
-def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
+def test_a_worker_message_that_races_the_requests_claim_finds_nothing_to_do(
         running_task, enqueued, payments_url, unique):
     """A worker's dispatch of the same operation (a message the sweeper published, say) arrives
-    while the request's claim is about to commit: it waits for the row, then finds the operation
-    `dispatched` and leaves it. One attempt, one effect. Real threads on PostgreSQL's row locks."""
+    while the request's claim is about to commit: the operation is not committed yet, so the
+    worker finds nothing; once it is, a late message finds it moved on and leaves it. One
+    attempt, one effect. Real threads on PostgreSQL."""
     if connection.vendor != "postgresql":
-        pytest.skip("waits on PostgreSQL's row lock (SQLite takes one writer at a time anyway)")
+        pytest.skip("a second writer while the request's transaction is open (SQLite takes one at a time)")
     at_seam, release = threading.Event(), threading.Event()
     operations: list[str] = []
 
@@ -214,8 +250,7 @@ def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
     def racing_worker():
         try:
             assert at_seam.wait(timeout=30)
-            worker["pid"] = connection.cursor().connection.info.backend_pid
-            worker["result"] = run_dispatch(operations[0], worker="racing-worker")
+            worker["before"] = run_dispatch(operations[0], worker="racing-worker")
         finally:
             connection.close()
 
@@ -227,17 +262,16 @@ def test_a_worker_whose_message_races_the_requests_claim_does_nothing(
         body = call_body(running_task, arguments=refund(order_id=unique("ord")))
         agent = threading.Thread(target=lambda: worker.update(response=post(path, body)))
         agent.start()
-        wait_until(lambda: "pid" in worker and backend_waits_on_a_lock(worker["pid"]), timeout=30,
-                   what="the worker waiting for the operation's row", interval=0.01)
+        thread.join(timeout=30)
         release.set()
         agent.join(timeout=30)
-        thread.join(timeout=30)
     finally:
         release.set()
         seams.install(previous)
 
     assert worker["response"].json()["status"] == "confirmed"
-    assert worker["result"] == "noop:dispatched"
+    assert worker["before"] == "missing"
+    assert run_dispatch(operations[0], worker="late-worker") == "noop:confirmed"
     (attempt,) = Attempt.objects.all()
     assert attempt.worker.startswith("server:")
     assert len(effects_of(payments_url, Operation.objects.get())) == 1
