@@ -109,13 +109,17 @@ def _claim(operation_id: str, *, worker: str) -> Claim:
         return claim_in_transaction(operation_id, worker=worker)
 
 
-def claim_in_transaction(operation_id: str, *, worker: str) -> Claim:
+def claim_in_transaction(operation_id: str, *, worker: str,
+                         read: tuple[Operation, object, int, Catalog] | None = None) -> Claim:
     """Step 5 in the caller's open transaction (a proposal's, when its request dispatches the
     call: ledger/request_dispatch.py): re-validate and move to `dispatched`, committed with that
     transaction. Returns (operation, attempt), a Deferred, or a string naming why there is
-    nothing to do; `settle` takes it from there once the transaction has committed."""
+    nothing to do; `settle` takes it from there once the transaction has committed.
+
+    `read`: what `_lock_for_claim` would return, already read and locked in this transaction by
+    the caller (the proposal that inserted the operation), so no statement reads it again."""
     now = timezone.now()
-    claimed = _lock_for_claim(operation_id)
+    claimed = _lock_for_claim(operation_id) if read is None else read
     if claimed is None:
         return "missing"
     operation, circuit_until, in_flight, catalog = claimed

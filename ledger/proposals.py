@@ -45,8 +45,9 @@ from console.models import AgentPrincipal, Event, Tenant
 from console.tracing import tracer
 from ledger import request_dispatch
 from ledger import services as ledger_services
-from ledger.models import Call, Operation, OperationStatus
+from ledger.models import Call, Operation, OperationStatus, ToolCircuit
 from ledger.queries import lease_sql as _lease_sql
+from ledger.queries import task_for_claim_sql as _task_for_claim_sql
 from ledger.queries import task_sql as _task_sql
 from ledger.selectors import (
     GATE_ACTOR,
@@ -174,8 +175,13 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
     operation_id = derive_operation_id(tenant=principal.tenant.slug, task_id=task_id, step_id=step_id,
                                        tool=tool_name)
     with transaction.atomic():
-        task, lease, known_call, known_operation, policy = _lock_task(
-            principal=principal, task_id=task_id, call_id=call_id, operation_id=operation_id)
+        task, lease, known_call, known_operation, policy, claim_reads = _lock_task(
+            principal=principal, task_id=task_id, call_id=call_id, operation_id=operation_id, tool_name=tool_name,
+            for_claim=dispatch_here)
+        if claim_reads is not None:
+            # The agent as it is now, not as the request's authentication found it: the gate
+            # below and the claim check the same row, share-locked until the commit.
+            principal = claim_reads.principal
 
         if known_call:
             return _repeat(_call(task, call_id), task=task, step_id=step_id, tool_name=tool_name,
@@ -282,7 +288,9 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         for name, value in spent.items():
             setattr(task, name, value)
         if runs_at_once:
-            claim = request_dispatch.claim(operation_id) if dispatch_here else None
+            claim = request_dispatch.claim(
+                operation, circuit_until=claim_reads.circuit_until, in_flight=claim_reads.in_flight,
+                policy=policy) if dispatch_here else None
             return Proposal(
                 call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED,
                 status=claim[0].status if isinstance(claim, tuple) else operation.status,
@@ -380,11 +388,23 @@ def task_settle_waiting(*, task_id: str, actor: str, reason: str) -> None:
     run_services.task_stop_waiting(task=task, actor=actor, reason=reason)
 
 
-def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,
-               operation_id: str) -> tuple[Task, Lease | None, bool, bool, catalog.Catalog]:
+@dataclass(frozen=True)
+class _ClaimReads:
+    """What a dispatching proposal's first statements read for its claim (`task_for_claim_sql`)."""
+
+    principal: AgentPrincipal  # as it is now, share-locked
+    circuit_until: Any
+    in_flight: int
+
+
+def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operation_id: str, tool_name: str,
+               for_claim: bool) -> tuple[Task, Lease | None, bool, bool, catalog.Catalog, _ClaimReads | None]:
     """The task (of the principal's tenant) and its lease, both locked, whether the call and
     the operation are already in the ledger, and the gate's configuration as of this
-    transaction (by its generation token): two statements.
+    transaction (by its generation token): two statements. `for_claim`: the request will
+    dispatch the call, so the task's statement also reads what the claim needs
+    (`task_for_claim_sql`) and holds the configuration still until the commit; a third runs
+    only when a configuration change committed while it waited (as in the claim).
 
     Lock order lease → task, the order task_transition takes them in (it locks the lease, then
     updates the task row): the other order could deadlock against it on PostgreSQL. Holding the
@@ -393,13 +413,29 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str,
     """
     connection = sql.connection_for(Task)
     lease_row = sql.fetchone(connection, _lease_sql(connection.vendor), [task_id, principal.tenant_id])
-    row = sql.fetchone(connection, _task_sql(connection.vendor), [call_id, operation_id, task_id, principal.tenant_id])
+    if for_claim:
+        statement = _task_for_claim_sql(connection.vendor)
+        params = [call_id, operation_id, OperationStatus.DISPATCHED, principal.pk, tool_name, task_id,
+                  principal.tenant_id]
+    else:
+        statement, params = _task_sql(connection.vendor), [call_id, operation_id, task_id, principal.tenant_id]
+    row = sql.fetchone(connection, statement, params)
+    if for_claim and row is not None and row[-2] != row[-1]:
+        row = sql.fetchone(connection, statement, params)  # in a snapshot that has the change
     if row is None:
         raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
     task = sql.load(Task, row, connection=connection)
-    sql.attach(task, "tenant", sql.load(Tenant, row, sql.width(Task), connection=connection))
+    tenant = sql.load(Tenant, row, sql.width(Task), connection=connection)
+    sql.attach(task, "tenant", tenant)
     lease = sql.load(Lease, lease_row, connection=connection) if lease_row is not None else None
-    return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1])
+    if not for_claim:
+        return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1]), None
+    start = sql.width(Task) + sql.width(Tenant)
+    now = sql.load(AgentPrincipal, row, start, connection=connection)
+    sql.attach(now, "tenant", tenant)
+    circuit = sql.load(ToolCircuit, row, start + sql.width(AgentPrincipal), connection=connection)
+    reads = _ClaimReads(principal=now, circuit_until=circuit.open_until if circuit else None, in_flight=row[-3])
+    return task, lease, row[-5] is not None, row[-4] is not None, catalog.for_token(row[-1]), reads
 
 
 def _call(task: Task, call_id: str) -> Call | None:

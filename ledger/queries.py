@@ -98,6 +98,40 @@ def task_sql(vendor: str) -> str:
             f"{sql.for_update(connection, of='t')}")
 
 
+
+@cache
+def task_for_claim_sql(vendor: str) -> str:
+    """`task_sql` for a proposal whose request will dispatch the call (ledger/request_dispatch.py),
+    with what the claim reads beside it, so that the claim, in the same transaction, needs no
+    statement of its own: the agent (row share-locked, as the claim locks it), the tool's circuit
+    breaker verdict (or NULLs), the count of the tenant's operations in a status (dispatched),
+    and the configuration generation's token as of the snapshot, then share-locked (held until
+    the proposal commits; `claim_sql` says why twice). Scalars, in order: the call's id, the
+    operation's, the count, the two tokens. Parameters: the call id, the operation id, that
+    status, the agent's id, the tool's name, the task id, the tenant id."""
+    connection = sql.connection_for(Task)
+    locks = sql.for_update(connection, of="t")
+    if locks and connection.features.has_select_for_update_of:
+        locks += " FOR SHARE OF a"
+    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, {sql.columns(AgentPrincipal, 'a')}, "
+            f"{sql.columns(ToolCircuit, 'r')}, "
+            f"(SELECT {_col(Call, 'pk', 'c')} FROM {sql.table(Call)} c "
+            f"WHERE {_col(Call, 'task', 'c')} = {_col(Task, 'pk', 't')} AND {_col(Call, 'call_id', 'c')} = %s), "
+            f"(SELECT {_col(Operation, 'pk', 'o')} FROM {sql.table(Operation)} o "
+            f"WHERE {_col(Operation, 'pk', 'o')} = %s), "
+            f"(SELECT COUNT(*) FROM {sql.table(Operation)} f "
+            f"WHERE {_col(Operation, 'tenant', 'f')} = {_col(Task, 'tenant', 't')} "
+            f"AND {_col(Operation, 'status', 'f')} = %s), "
+            f"{approval_queries.TOKEN_SUBQUERY}, ({approval_queries.token_for_share_sql(vendor)}) "
+            f"FROM {sql.table(Task)} t "
+            f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(Task, 'tenant', 't')} "
+            f"JOIN {sql.table(AgentPrincipal)} a ON {_col(AgentPrincipal, 'pk', 'a')} = %s "
+            f"AND {_col(AgentPrincipal, 'tenant', 'a')} = {_col(Task, 'tenant', 't')} "
+            f"LEFT JOIN {sql.table(ToolCircuit)} r ON {_col(ToolCircuit, 'tool', 'r')} = "
+            f"(SELECT {_col(Tool, 'pk', 'u')} FROM {sql.table(Tool)} u WHERE {_col(Tool, 'name', 'u')} = %s) "
+            f"WHERE {_col(Task, 'pk', 't')} = %s AND {_col(Task, 'tenant', 't')} = %s"
+            f"{locks}")
+
 # What a call's answer reads of its operation and of each attempt (ledger.selectors.call_detail),
 # in the models' order, as `sql.columns(..., only=)` selects and `sql.load(..., only=)` reads them.
 ANSWER_OPERATION_FIELDS = ("operation_id", "task", "arguments_hash", "idempotency_key", "risk_tier", "needs_approval",
@@ -169,6 +203,12 @@ SHAPES = {
         tables={"t": Task, "n": Tenant, "c": Call, "o": Operation, "g": PolicyGeneration},
         params=((Call, "call_id"), (Operation, "operation_id"), (Task, "task_id"), (Task, "tenant")),
         loads=(Task, Tenant), scalars=3),
+    "task_for_claim_sql": sql.Shape(
+        tables={"t": Task, "n": Tenant, "a": AgentPrincipal, "r": ToolCircuit, "c": Call, "o": Operation,
+                "f": Operation, "u": Tool, "g": PolicyGeneration},
+        params=((Call, "call_id"), (Operation, "operation_id"), (Operation, "status"), (AgentPrincipal, "pk"),
+                (Tool, "name"), (Task, "task_id"), (Task, "tenant")),
+        loads=(Task, Tenant, AgentPrincipal, ToolCircuit), scalars=5),
     "ANSWER_SQL": sql.Shape(
         tables={"o": Operation, "t": Tool, "s": Step, "k": Task, "a": Attempt, "c": Call},
         params=((Operation, "operation_id"), (Call, "operation")), scalars=_OPERATION_WIDTH + 3 + _ATTEMPT_WIDTH + 3),

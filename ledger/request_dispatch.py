@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.db import close_old_connections
 
+from approvals.catalog import Catalog
 from approvals.models import Tool
 from ledger import dispatcher, tasks
 from ledger.models import Operation
@@ -69,11 +70,13 @@ def server_name() -> str:
     return f"server:{socket.gethostname()}:{os.getpid()}"
 
 
-def claim(operation_id: str) -> dispatcher.Claim:
-    """The claim of a call the proposal's request dispatches, in the proposal's transaction: the
-    call commits `dispatched` with its proposal, and a claim that fails takes the proposal with
-    it (nothing committed, nothing sent; the agent proposes again)."""
-    return dispatcher.claim_in_transaction(operation_id, worker=server_name())
+def claim(operation: Operation, *, circuit_until, in_flight: int, policy: Catalog) -> dispatcher.Claim:
+    """The claim of a call the proposal's request dispatches, in the proposal's transaction, on
+    what the proposal's statements read for it (`ledger.proposals._lock_task`): the call commits
+    `dispatched` with its proposal, and a claim that fails takes the proposal with it (nothing
+    committed, nothing sent; the agent proposes again)."""
+    return dispatcher.claim_in_transaction(operation.operation_id, worker=server_name(),
+                                           read=(operation, circuit_until, in_flight, policy))
 
 
 def dispatch(operation_id: str, claimed: dispatcher.Claim) -> Operation | None:

@@ -308,11 +308,11 @@ def blind_once(monkeypatch):
     calls = []
 
     def lock_task(**kwargs):
-        task, lease, known_call, known_operation, policy = real(**kwargs)
+        task, lease, known_call, known_operation, policy, claim_reads = real(**kwargs)
         calls.append((known_call, known_operation))
         if len(calls) == 1:
-            return task, lease, False, False, policy
-        return task, lease, known_call, known_operation, policy
+            return task, lease, False, False, policy, claim_reads
+        return task, lease, known_call, known_operation, policy, claim_reads
 
     monkeypatch.setattr(proposals, "_lock_task", lock_task)
     return calls

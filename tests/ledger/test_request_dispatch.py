@@ -19,13 +19,14 @@ from django.db import OperationalError, connection, connections
 from django.test import AsyncClient
 
 from approvals.models import Tool
-from console.models import Event
+from console.lib.procs import wait_until
+from console.models import AgentPrincipal, Event
 from ledger import dispatcher, request_dispatch, seams
 from ledger.dispatcher import run_dispatch
 from ledger.models import Attempt, Call, Operation
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import call_body, refund
-from tests.fixtures.dispatch import effects_of
+from tests.fixtures.dispatch import backend_waits_on_a_lock, effects_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
               pytest.mark.usefixtures("sandbox_settings", "tools")]
@@ -154,6 +155,126 @@ def test_the_proposal_and_its_claim_commit_together(running_task, enqueued, paym
     assert at_the_provider == [1]
     moves = list(Event.objects.filter(entity=Operation.EVENT_ENTITY).order_by("id").values_list("to_status", flat=True))
     assert moves == ["planned", "authorized", "dispatched", "confirmed"]
+
+
+def test_the_claim_reads_nothing_the_proposals_statements_did_not(running_task, enqueued, payments_url, unique,
+                                                                    monkeypatch):
+    """The proposal's task statement reads the agent, the circuit breaker, the tenant's calls in
+    flight and the configuration for the claim (`task_for_claim_sql`): the claim in the same
+    transaction sends no statement of its own before its write."""
+    claim_reads = []
+    monkeypatch.setattr(dispatcher, "_lock_for_claim", lambda operation_id: claim_reads.append(operation_id))
+
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.json()["status"] == "confirmed"
+    assert claim_reads == []
+
+
+def test_an_agent_deactivated_after_its_request_was_authenticated_is_refused_with_nothing_written(
+        running_task, enqueued, payments_url, unique, monkeypatch):
+    """The proposal checks the agent's row as it is in its own transaction (share-locked until
+    the commit, as the claim locks it), not the one the request's authentication loaded."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a second writer while the request's transaction is open (SQLite takes one at a time)")
+    from ledger import proposals
+
+    real = proposals._lock_task
+
+    def deactivated_meanwhile(**kwargs):
+        def deactivate():
+            try:
+                AgentPrincipal.objects.filter(pk=kwargs["principal"].pk).update(is_active=False)
+            finally:
+                connection.close()
+
+        other = threading.Thread(target=deactivate)
+        other.start()
+        other.join(timeout=30)
+        return real(**kwargs)
+
+    monkeypatch.setattr(proposals, "_lock_task", deactivated_meanwhile)
+
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.status_code == 403, response.content
+    assert not Operation.objects.exists() and enqueued.dispatches == []
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_a_tool_disabled_while_a_waiting_proposal_runs_is_never_sent_unless_its_claim_committed_first(
+        running_task, enqueued, payments_url, unique, trial):
+    """The proposal holds the configuration still from its task statement to its commit (the
+    claim's own rule): a change committed before is seen (refused, nothing written), one after
+    waits for the commit (the call was claimed on the authority it had: sent once, recorded).
+    Real threads on PostgreSQL, released together."""
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers (SQLite takes one at a time)")
+    start = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def disable():
+        try:
+            start.wait(timeout=30)
+            Tool.objects.filter(name="payments.refund").update(enabled=False)
+        finally:
+            connection.close()
+
+    def agent():
+        try:
+            start.wait(timeout=30)
+            outcomes["response"] = propose(running_task, arguments=refund(order_id=unique("ord")))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=disable), threading.Thread(target=agent)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    response = outcomes["response"]
+    if response.status_code == 403:
+        assert not Operation.objects.exists() and not Attempt.objects.exists()
+    else:
+        assert (response.status_code, response.json()["status"]) == (201, "confirmed"), response.content
+        assert len(effects_of(payments_url, Operation.objects.get())) == 1
+    assert enqueued.dispatches == []
+
+
+def test_a_configuration_change_waits_for_the_dispatching_proposal_that_holds_it(
+        running_task, enqueued, payments_url, unique):
+    """A tool disabled while the proposal's claim is about to commit waits for that commit: the
+    call was claimed on the authority it had, and is sent once and recorded."""
+    if connection.vendor != "postgresql":
+        pytest.skip("waits on PostgreSQL's row lock (SQLite takes one writer at a time)")
+    change: dict = {}
+
+    def disable():
+        try:
+            change["pid"] = connection.cursor().connection.info.backend_pid
+            Tool.objects.filter(name="payments.refund").update(enabled=False)
+        finally:
+            connection.close()
+
+    def change_the_configuration_at_the_claim(name: str, operation_id: str) -> None:
+        if name == "before_dispatch_commit" and "thread" not in change:
+            change["thread"] = threading.Thread(target=disable)
+            change["thread"].start()
+            wait_until(lambda: "pid" in change and backend_waits_on_a_lock(change["pid"]), timeout=30,
+                       what="the configuration change waiting for the proposal", interval=0.01)
+
+    previous = seams.install(change_the_configuration_at_the_claim)
+    try:
+        response = propose(running_task, arguments=refund(order_id=unique("ord")))
+    finally:
+        seams.install(previous)
+        if "thread" in change:
+            change["thread"].join(timeout=30)
+
+    assert (response.status_code, response.json()["status"]) == (201, "confirmed"), response.content
+    assert len(effects_of(payments_url, Operation.objects.get())) == 1
+    assert not Tool.objects.get(name="payments.refund").enabled
 
 
 def test_a_claim_that_fails_takes_its_proposal_with_it_and_the_agent_proposes_again(
