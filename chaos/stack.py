@@ -329,7 +329,12 @@ def _free_port() -> int:
 
 def _log_has(child: Child, text: str) -> bool:
     if child.popen is not None and child.popen.poll() is not None:
-        raise RuntimeError(f"{child.name} exited with {child.popen.returncode}; see {child.log_path}")
+        # The stack's folder is removed when it stops: the log's end goes with the error.
+        try:
+            tail = child.log_path.read_text(errors="replace")[-3000:]
+        except FileNotFoundError:
+            tail = "(no log)"
+        raise RuntimeError(f"{child.name} exited with {child.popen.returncode}; the end of {child.log_path}:\n{tail}")
     try:
         return text in child.log_path.read_text(errors="replace")
     except FileNotFoundError:
