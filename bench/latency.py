@@ -39,8 +39,9 @@ On PostgreSQL + Redis every agent also sends each call through the pipeline floo
 three commits and two Redis hops, no Django or Celery), interleaved with the product's call and
 the direct read: "floor's overhead" is what this architecture costs on this machine at the
 moment of the run. The product dispatches such a call in the request that proposed it
-(ledger/request_dispatch.py), so the floor's server does the same too (`/call-here`: three
-commits and the provider read in the server, no broker): "its overhead" is the yardstick for
+(ledger/request_dispatch.py), so the floor's server does the same too (`/call-here`: the
+proposal and its claim in one commit, the provider read and the receipt in the server, no
+broker): "its overhead" is the yardstick for
 the product's overhead now; the broker's floor stays beside it, for calls a worker runs.
 
 Nothing is asserted: the machine is shared and noisy; read medians, repeat, and record figures

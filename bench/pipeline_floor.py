@@ -11,8 +11,9 @@ path, which this copies hop for hop:
     agent ◀──HTTP── ASGI server: the ring wakes the waiting request, which answers
 
 and, for a call the product dispatches in the request (ledger/request_dispatch.py), `POST
-/call-here`: the server itself commits the call, commits the claim, calls the provider, commits
-the receipt and answers — no broker, no worker, no ring.
+/call-here`: the server itself commits the call with its claim (one transaction, as the product
+claims in the proposal's), calls the provider, commits the receipt and answers — no broker, no
+worker, no ring.
 
 Here the server is a bare ASGI callable under the same uvicorn (uvloop, httptools; one process,
 as `make run` starts one), writing with async psycopg from a pool and waiting on one Redis
@@ -112,9 +113,10 @@ class Server:
         return json.dumps({"call_id": call_id, "status": status, "result": result}).encode()
 
     async def call_here(self, body: bytes) -> bytes:
-        """The dispatch in the request: the same three commits and provider read, in this process."""
+        """The dispatch in the request, as the product runs it: the proposal and its claim in one
+        transaction, the provider read, the receipt (two commits), in this process."""
         order_id = json.loads(body)["order_id"]
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, conn.transaction():
             row = await (await conn.execute(f"INSERT INTO {TABLE} (order_id, status) VALUES (%s, 'created') "
                                             "RETURNING id", [order_id])).fetchone()
             await conn.execute(f"UPDATE {TABLE} SET status = 'dispatched' WHERE id = %s", [row[0]])  # the claim
