@@ -431,10 +431,10 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operati
     if not for_claim:
         return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1]), None
     start = sql.width(Task) + sql.width(Tenant)
-    now = sql.load(AgentPrincipal, row, start, connection=connection)
-    sql.attach(now, "tenant", tenant)
+    agent = sql.load(AgentPrincipal, row, start, connection=connection)
+    sql.attach(agent, "tenant", tenant)
     circuit = sql.load(ToolCircuit, row, start + sql.width(AgentPrincipal), connection=connection)
-    reads = _ClaimReads(principal=now, circuit_until=circuit.open_until if circuit else None, in_flight=row[-3])
+    reads = _ClaimReads(principal=agent, circuit_until=circuit.open_until if circuit else None, in_flight=row[-3])
     return task, lease, row[-5] is not None, row[-4] is not None, catalog.for_token(row[-1]), reads
 
 

@@ -85,9 +85,10 @@ def dispatch(operation_id: str, claimed: dispatcher.Claim) -> Operation | None:
     left it (its status and result, which the agent's answer carries without reading them
     again), or None when the dispatch recorded no receipt.
 
-    Any failure is handed to the broker: the message is a no-op (the ledger says `dispatched`)
-    and the sweeper settles the operation at its deadline. The proposal has committed, so its
-    agent gets an answer either way, never an error for a call that will still run."""
+    Any failure is handed to the broker: after a claim, the message is a no-op (the ledger says
+    `dispatched`) and the sweeper settles the operation at its deadline; after a deferred claim,
+    the message runs the dispatch. The proposal has committed, so its agent gets an answer
+    either way, never an error for a call that will still run."""
     try:
         return dispatcher.settle(operation_id, claimed, let_go=close_old_connections)[1]
     except Exception:  # noqa: BLE001 - the broker takes over whatever went wrong here
