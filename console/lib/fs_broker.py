@@ -31,8 +31,8 @@ from queue import Empty
 from time import monotonic
 
 from kombu.transport import filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
 
 from console.lib import datagram
 
@@ -122,6 +122,42 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from exc
         ring(self.data_folder_out, queue)
+
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        """Kombu's, without its race: kombu creates the exchange's file (empty) before it locks
+        and writes it, so a worker binding at that moment read nothing and died on the JSON.
+        Here a new file appears whole (written under another name, then linked into place,
+        which fails if another process got there first), and an existing one is changed under
+        its exclusive lock, which readers wait for; one found empty is an empty table."""
+        file = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        try:
+            if not file.exists():
+                partial = file.with_name(f".{file.name}.{uuid.uuid4().hex}.partial")
+                partial.write_bytes(str_to_bytes(dumps([binding])))
+                try:
+                    os.link(partial, file)
+                    return
+                except FileExistsError:
+                    pass  # bound by another process meanwhile: add to its table below
+                finally:
+                    partial.unlink(missing_ok=True)
+            with open(file, "rb+", buffering=0) as handle:
+                filesystem.lock(handle, filesystem.LOCK_EX)
+                try:
+                    # Empty: created by kombu's own transport (a process on older code), not written yet.
+                    text = bytes_to_str(handle.read())
+                    table = [filesystem.exchange_queue_t(*row) for row in loads(text)] if text else []
+                    if binding not in table:
+                        table.insert(0, binding)
+                        handle.seek(0)
+                        handle.write(str_to_bytes(dumps(table)))
+                        handle.truncate()
+                finally:
+                    filesystem.unlock(handle)
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open {file}") from exc
 
     def basic_consume(self, queue, *args, **kwargs):
         result = super().basic_consume(queue, *args, **kwargs)

@@ -4,6 +4,8 @@ tests/console/test_fs_broker_wake.py."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -134,3 +136,40 @@ def test_a_forked_child_closing_its_copy_of_the_consumer_keeps_the_parents_bell(
         waiter.join(timeout=40)
         assert got == [{"n": 1}]
         queue.close()
+
+
+def test_a_binding_that_meets_an_exchange_file_another_process_just_created_is_kept(short_folder):
+    """Kombu creates an exchange's file (truncated, empty), then locks and writes it: a second
+    worker starting at that moment found the file, read nothing and died on the JSON (a chaos
+    stack's second worker, twice in CI). The moment itself, as kombu's own transport leaves it:
+    an empty file there."""
+    exchange = f"x{uuid.uuid4().hex}"
+    (short_folder / f"{exchange}.exchange").write_bytes(b"")
+    with connection(short_folder) as conn:
+        conn.default_channel._queue_bind(exchange, "fast", None, "fast")
+
+    assert json.loads((short_folder / f"{exchange}.exchange").read_text()) == [["fast", "", "fast"]]
+
+
+def test_workers_binding_queues_at_once_keep_every_binding(short_folder):
+    """Real processes, released together, each binding its own queue to one exchange."""
+    exchange = f"x{uuid.uuid4().hex}"
+    queues = [f"q{index}" for index in range(6)]
+    start = multiprocessing.get_context("fork").Barrier(len(queues))
+    processes = [multiprocessing.get_context("fork").Process(
+        target=_bind_after, args=(start, str(short_folder), exchange, queue)) for queue in queues]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=30)
+
+    assert [process.exitcode for process in processes] == [0] * len(queues)
+    bound = json.loads((short_folder / f"{exchange}.exchange").read_text())
+    assert sorted(queue for _, _, queue in bound) == queues
+
+
+def _bind_after(start, folder: str, exchange: str, queue: str) -> None:
+    with connection(folder) as conn:
+        channel = conn.default_channel
+        start.wait(timeout=20)
+        channel._queue_bind(exchange, queue, None, queue)
