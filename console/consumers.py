@@ -323,11 +323,16 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.sent_ids = await self._ids_already_shown()
         while True:
             self.wakeup.clear()
-            sent = await self._send_next_batch()
-            if sent:
-                continue  # there may be more
-            if time.monotonic() - self.viewer_at > VIEWER_TTL_SECONDS:
-                await self._refresh_viewer()
+            try:
+                if await self._send_next_batch():
+                    continue  # there may be more
+                if time.monotonic() - self.viewer_at > VIEWER_TTL_SECONDS:
+                    await self._refresh_viewer()
+            except Exception:  # noqa: BLE001 - one failed read must not end the stream
+                # The database away for a moment: without this the poller would end for good
+                # and the page would say "live" and never change again. The next round reads
+                # again from the same position.
+                logger.warning("live stream %s: a read failed; reading again", self.stream.name, exc_info=True)
             # Woken by the tail after each of its reads (or by a hello).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=max(1.0, settings.LIVE_POLL_SECONDS * 4))

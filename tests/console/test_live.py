@@ -86,8 +86,8 @@ async def receive_until(communicator, last_id: int) -> list[str]:
     return fragments
 
 
-def test_an_event_committed_after_connecting_arrives_with_the_new_cursor(client, reviewer, agent):
-    headers = session_headers(client, reviewer)
+def an_event_after_connecting(headers, agent) -> tuple[int, str]:
+    """Connect as of the latest event, commit one more: its id, and the first frame received."""
     seen = new_event(agent)
 
     async def scenario():
@@ -102,12 +102,41 @@ def test_an_event_committed_after_connecting_arrives_with_the_new_cursor(client,
         await communicator.disconnect()
         return fresh, html
 
-    fresh, html = async_to_sync(scenario)()
+    return async_to_sync(scenario)()
+
+
+def test_an_event_committed_after_connecting_arrives_with_the_new_cursor(client, reviewer, agent):
+    fresh, html = an_event_after_connecting(session_headers(client, reviewer), agent)
 
     assert rows(html) == [fresh]
     assert cursor(html) == fresh
     assert 'hx-swap-oob="true"' in html
     assert 'hx-swap-oob="afterbegin:#activity-rows"' in html
+
+
+def test_a_read_that_fails_once_does_not_end_the_sockets_stream(client, reviewer, agent, monkeypatch):
+    """A read that failed (the database away for a moment) ended the socket's poller for good:
+    the page kept saying "live" and never changed again (seen once in CI's browser tests). The
+    next round reads again from the same place."""
+    from django.db import OperationalError
+
+    from console.consumers import LiveConsumer
+
+    real = LiveConsumer._send_next_batch
+    failures = []
+
+    async def fails_once(self):
+        if not failures:
+            failures.append(self)
+            raise OperationalError("database is locked")
+        return await real(self)
+
+    monkeypatch.setattr(LiveConsumer, "_send_next_batch", fails_once)
+
+    fresh, html = an_event_after_connecting(session_headers(client, reviewer), agent)
+
+    assert len(failures) == 1
+    assert rows(html) == [fresh] and cursor(html) == fresh
 
 
 def test_a_reconnect_with_an_older_cursor_receives_what_it_missed_in_order(client, reviewer, agent):
