@@ -20,6 +20,35 @@ from runs.models import Lease, Step, Task
 _col = sql.column
 
 
+def _locks_sharing_the_agent(connection, of: str) -> str:
+    """`FOR UPDATE OF <of>`, and the agent's row (alias `a`) share-locked where the database
+    can lock one table of a join (PostgreSQL; SQLite serializes writers anyway)."""
+    locks = sql.for_update(connection, of=of)
+    if locks and connection.features.has_select_for_update_of:
+        locks += " FOR SHARE OF a"
+    return locks
+
+
+def _in_flight(tenant_column: str) -> str:
+    """How many of the tenant's operations are in a status (a parameter: dispatched)."""
+    return (f"(SELECT COUNT(*) FROM {sql.table(Operation)} f "
+            f"WHERE {_col(Operation, 'tenant', 'f')} = {tenant_column} AND {_col(Operation, 'status', 'f')} = %s)")
+
+
+def _tokens(vendor: str) -> str:
+    """The configuration generation's token as of the statement's snapshot, then share-locked
+    (`claim_sql` says why twice)."""
+    return f"{approval_queries.TOKEN_SUBQUERY}, ({approval_queries.token_for_share_sql(vendor)})"
+
+
+# Whether the call and the operation are in the ledger already: their ids or NULL, for a task
+# aliased `t`. Parameters: the call id, the operation id.
+_KNOWN_CALL_AND_OPERATION = (
+    f"(SELECT {_col(Call, 'pk', 'c')} FROM {sql.table(Call)} c "
+    f"WHERE {_col(Call, 'task', 'c')} = {_col(Task, 'pk', 't')} AND {_col(Call, 'call_id', 'c')} = %s), "
+    f"(SELECT {_col(Operation, 'pk', 'o')} FROM {sql.table(Operation)} o WHERE {_col(Operation, 'pk', 'o')} = %s)")
+
+
 @cache
 def claim_sql(vendor: str) -> str:
     """The dispatcher's claim: the operation locked, with its tool, its task, its agent (row
@@ -33,24 +62,17 @@ def claim_sql(vendor: str) -> str:
     statement again, and its new snapshot has the change. Parameters: that status, the
     operation id."""
     connection = sql.connection_for(Operation)
-    operations = sql.table(Operation)
-    locks = sql.for_update(connection, of="o")
-    if locks and connection.features.has_select_for_update_of:
-        locks += " FOR SHARE OF a"
     return (
         f"SELECT {sql.columns(Operation, 'o')}, {sql.columns(Tool, 't')}, {sql.columns(Task, 'k')}, "
         f"{sql.columns(AgentPrincipal, 'a')}, {sql.columns(Tenant, 'n')}, {sql.columns(ToolCircuit, 'c')}, "
-        f"(SELECT COUNT(*) FROM {operations} f "
-        f"WHERE {_col(Operation, 'tenant', 'f')} = {_col(Operation, 'tenant', 'o')} "
-        f"AND {_col(Operation, 'status', 'f')} = %s), "
-        f"{approval_queries.TOKEN_SUBQUERY}, ({approval_queries.token_for_share_sql(vendor)}) "
-        f"FROM {operations} o "
+        f"{_in_flight(_col(Operation, 'tenant', 'o'))}, {_tokens(vendor)} "
+        f"FROM {sql.table(Operation)} o "
         f"JOIN {sql.table(Tool)} t ON {_col(Tool, 'pk', 't')} = {_col(Operation, 'tool', 'o')} "
         f"JOIN {sql.table(Task)} k ON {_col(Task, 'pk', 'k')} = {_col(Operation, 'task', 'o')} "
         f"JOIN {sql.table(AgentPrincipal)} a ON {_col(AgentPrincipal, 'pk', 'a')} = {_col(Operation, 'principal', 'o')} "
         f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(AgentPrincipal, 'tenant', 'a')} "
         f"LEFT JOIN {sql.table(ToolCircuit)} c ON {_col(ToolCircuit, 'tool', 'c')} = {_col(Operation, 'tool', 'o')} "
-        f"WHERE {_col(Operation, 'pk', 'o')} = %s{locks}"
+        f"WHERE {_col(Operation, 'pk', 'o')} = %s{_locks_sharing_the_agent(connection, 'o')}"
     )
 
 
@@ -86,17 +108,12 @@ def task_sql(vendor: str) -> str:
     are in the ledger already (their ids or NULL), and the configuration generation's token.
     Parameters: the call id, the operation id, the task id, the tenant id."""
     connection = sql.connection_for(Task)
-    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, "
-            f"(SELECT {_col(Call, 'pk', 'c')} FROM {sql.table(Call)} c "
-            f"WHERE {_col(Call, 'task', 'c')} = {_col(Task, 'pk', 't')} AND {_col(Call, 'call_id', 'c')} = %s), "
-            f"(SELECT {_col(Operation, 'pk', 'o')} FROM {sql.table(Operation)} o "
-            f"WHERE {_col(Operation, 'pk', 'o')} = %s), "
+    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, {_KNOWN_CALL_AND_OPERATION}, "
             f"{approval_queries.TOKEN_SUBQUERY} "
             f"FROM {sql.table(Task)} t "
             f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(Task, 'tenant', 't')} "
             f"WHERE {_col(Task, 'pk', 't')} = %s AND {_col(Task, 'tenant', 't')} = %s"
             f"{sql.for_update(connection, of='t')}")
-
 
 
 @cache
@@ -110,19 +127,9 @@ def task_for_claim_sql(vendor: str) -> str:
     operation's, the count, the two tokens. Parameters: the call id, the operation id, that
     status, the agent's id, the tool's name, the task id, the tenant id."""
     connection = sql.connection_for(Task)
-    locks = sql.for_update(connection, of="t")
-    if locks and connection.features.has_select_for_update_of:
-        locks += " FOR SHARE OF a"
     return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, {sql.columns(AgentPrincipal, 'a')}, "
-            f"{sql.columns(ToolCircuit, 'r')}, "
-            f"(SELECT {_col(Call, 'pk', 'c')} FROM {sql.table(Call)} c "
-            f"WHERE {_col(Call, 'task', 'c')} = {_col(Task, 'pk', 't')} AND {_col(Call, 'call_id', 'c')} = %s), "
-            f"(SELECT {_col(Operation, 'pk', 'o')} FROM {sql.table(Operation)} o "
-            f"WHERE {_col(Operation, 'pk', 'o')} = %s), "
-            f"(SELECT COUNT(*) FROM {sql.table(Operation)} f "
-            f"WHERE {_col(Operation, 'tenant', 'f')} = {_col(Task, 'tenant', 't')} "
-            f"AND {_col(Operation, 'status', 'f')} = %s), "
-            f"{approval_queries.TOKEN_SUBQUERY}, ({approval_queries.token_for_share_sql(vendor)}) "
+            f"{sql.columns(ToolCircuit, 'r')}, {_KNOWN_CALL_AND_OPERATION}, "
+            f"{_in_flight(_col(Task, 'tenant', 't'))}, {_tokens(vendor)} "
             f"FROM {sql.table(Task)} t "
             f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(Task, 'tenant', 't')} "
             f"JOIN {sql.table(AgentPrincipal)} a ON {_col(AgentPrincipal, 'pk', 'a')} = %s "
@@ -130,7 +137,8 @@ def task_for_claim_sql(vendor: str) -> str:
             f"LEFT JOIN {sql.table(ToolCircuit)} r ON {_col(ToolCircuit, 'tool', 'r')} = "
             f"(SELECT {_col(Tool, 'pk', 'u')} FROM {sql.table(Tool)} u WHERE {_col(Tool, 'name', 'u')} = %s) "
             f"WHERE {_col(Task, 'pk', 't')} = %s AND {_col(Task, 'tenant', 't')} = %s"
-            f"{locks}")
+            f"{_locks_sharing_the_agent(connection, 't')}")
+
 
 # What a call's answer reads of its operation and of each attempt (ledger.selectors.call_detail),
 # in the models' order, as `sql.columns(..., only=)` selects and `sql.load(..., only=)` reads them.
