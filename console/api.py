@@ -3,7 +3,9 @@
 - The error shape, `{"error": {"code", "message", "details"}}`, rendered by one function,
   `error_body`. The DRF views get it through `exception_handler` (REST_FRAMEWORK's
   EXCEPTION_HANDLER); the plain Django views (the async long-poll, OTLP ingest) call
-  `error_body` and wrap it in their own response class.
+  `error_body` and wrap it in their own response class. A database error is 503 `unavailable`
+  in either (`database_unavailable`): DRF's through `exception_handler`, the plain views'
+  through `DatabaseUnavailableMiddleware`.
 - Bearer-token authentication of agent principals: `principal_for_authorization` for any
   view, `AgentTokenAuthentication` for DRF, and its OpenAPI security scheme.
 - Strict serializer fields (a JSON string is not a number and the reverse), the error
@@ -21,7 +23,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import OperationalError
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
     OpenApiSerializerFieldExtension,
@@ -60,6 +63,36 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 
+def database_unavailable(exc: OperationalError, message: str) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """The answer to a database error, as (body, status, headers): 503 `unavailable` with
+    Retry-After, logged. The database went away, a deadlock, a lock that timed out: the statement
+    failed, and the same request may simply be sent again."""
+    logger.warning("API request failed on the database; answered 503", exc_info=exc)
+    return error_body("unavailable", message), status.HTTP_503_SERVICE_UNAVAILABLE, {"Retry-After": "1"}
+
+
+# Machine clients (the agent API, OTLP exporters) get the API's error shape, people the pages.
+API_PREFIXES = ("/api/", "/v1/")
+
+
+def for_machines(request: HttpRequest) -> bool:
+    return request.path.startswith(API_PREFIXES)
+
+
+class DatabaseUnavailableMiddleware(MiddlewareMixin):
+    """A database error in a plain Django view under the API's paths (the long-poll, the
+    proposal that waits, OTLP ingest) is the 503 a DRF view answers, not a 500. DRF's views
+    never let one reach it (`exception_handler`); the pages for people are left alone."""
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> JsonResponse | None:
+        if not isinstance(exception, OperationalError) or not for_machines(request):
+            return None
+        # The view may have committed before it failed (a proposal that waited): the same request
+        # sent again is then answered from the ledger, so "nothing was written" is not said here.
+        body, status_code, headers = database_unavailable(exception, "The database is unavailable. Try again.")
+        return JsonResponse(body, status=status_code, headers=headers)
+
+
 def exception_handler(exc, context) -> Response | None:
     """DRF's EXCEPTION_HANDLER: domain errors answer with their own code and status (a
     rate limit with Retry-After); DRF's own errors with the code for their status, validation
@@ -69,11 +102,10 @@ def exception_handler(exc, context) -> Response | None:
         headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=headers)
     if isinstance(exc, OperationalError):
-        # The database went away, a deadlock, a lock that timed out: the transaction rolled back
-        # and nothing was written, so the same request may simply be sent again.
-        logger.warning("API request failed on the database; answered 503", exc_info=exc)
-        return Response(error_body("unavailable", "The database is unavailable; nothing was written. Try again.",
-                                   {}), status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "1"})
+        # The transaction rolled back: nothing was written.
+        body, status_code, headers = database_unavailable(
+            exc, "The database is unavailable; nothing was written. Try again.")
+        return Response(body, status=status_code, headers=headers)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -204,7 +236,7 @@ class JSONObjectField(serializers.JSONField):
 class ErrorSerializer(serializers.Serializer):
     class Body(serializers.Serializer):
         code = serializers.CharField(help_text="invalid, unauthenticated, forbidden, not_found, conflict, "
-                                               "illegal_transition, intent_mismatch, rate_limited, …")
+                                               "illegal_transition, intent_mismatch, rate_limited, unavailable, …")
         message = serializers.CharField()
         details = serializers.DictField(help_text="Machine-readable; validation errors are under `fields`.")
 
@@ -224,12 +256,14 @@ ERROR_DESCRIPTIONS = {
     404: "No such record in your tenant.",
     409: "Version or fencing token conflict, or in flight.",
     422: "Same key, other intent.",
+    503: "The database failed mid-request: send the same request again after Retry-After.",
 }
 
 
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
-    """The error responses of a view, for `extend_schema(responses={..., **errors(400, 401)})`."""
-    return {code: OpenApiResponse(ErrorSerializer, description=ERROR_DESCRIPTIONS[code]) for code in codes}
+    """The error responses of a view, for `extend_schema(responses={..., **errors(400, 401)})`;
+    and always 503, which any view that reads the database may answer."""
+    return {code: OpenApiResponse(ErrorSerializer, description=ERROR_DESCRIPTIONS[code]) for code in (*codes, 503)}
 
 
 class JSONParser(parsers.JSONParser):

@@ -112,6 +112,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A database error in the API's plain Django views: 503, as in its DRF views (console/api.py).
+    "console.api.DatabaseUnavailableMiddleware",
     # Last, as django-axes requires: it answers a locked-out login with AXES_LOCKOUT_TEMPLATE.
     "axes.middleware.AxesMiddleware",
 ]

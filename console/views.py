@@ -13,7 +13,7 @@ from django.views import defaults
 
 from approvals import audit
 from console.access import roles_of, tenant_ids_for
-from console.api import error_body
+from console.api import error_body, for_machines
 from console.models import Event, RiskTier, Role
 from ledger.liveness import liveness_report
 from runs import gates, metrics
@@ -76,16 +76,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
-# Machine clients (the agent API, OTLP exporters) get the API's error shape, people the pages.
-_API_PREFIXES = ("/api/", "/v1/")
-
-
-def _for_machines(request: HttpRequest) -> bool:
-    return request.path.startswith(_API_PREFIXES)
-
-
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if not _for_machines(request):
+    if not for_machines(request):
         return defaults.bad_request(request, exception)
     if isinstance(exception, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -95,6 +87,6 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if not _for_machines(request):
+    if not for_machines(request):
         return defaults.page_not_found(request, exception)
     return JsonResponse(error_body("not_found", f"No such endpoint: {request.path}"), status=404)

@@ -263,7 +263,7 @@ def test_a_json_object_field_refuses_what_is_not_an_object(value):
 
 def test_errors_documents_each_status_with_the_error_serializer():
     documented = errors(400, 401, 404)
-    assert list(documented) == [400, 401, 404]
+    assert list(documented) == [400, 401, 404, 503]  # any view may fail on the database
     assert all(response.response is ErrorSerializer for response in documented.values())
     assert documented[401].description == "Missing or unknown bearer token."
 

@@ -37,6 +37,24 @@ def test_the_schema_renders_and_lists_every_agent_endpoint():
         "dispatched", "awaiting_approval", "approved", "rejected", "refused", "expired", "cancelled"]
 
 
+@pytest.mark.django_db
+def test_every_operation_lists_the_503_a_database_error_answers_beside_its_other_errors():
+    """Any request that reads the database can fail on it (console.api.exception_handler)."""
+    schema = _schema()
+    error = {"$ref": "#/components/schemas/Error"}
+    operations = [(path, method, operation) for path, methods in schema["paths"].items()
+                  for method, operation in methods.items()]
+
+    assert {path for path, _, _ in operations} >= set(PATHS)
+    for path, method, operation in operations:
+        responses = operation["responses"]
+        assert responses["503"]["content"]["application/json"]["schema"] == error, (path, method)
+        assert "Retry-After" in responses["503"]["description"]
+        assert responses["401"]["content"]["application/json"]["schema"] == error, (path, method)
+    propose = schema["paths"]["/api/v1/tasks/{task_id}/calls"]["post"]["responses"]
+    assert {"400", "401", "403", "404", "409", "422", "503"} <= set(propose)
+
+
 # What the schema admits, the server takes: requests generated from the schema (tests/
 # test_api_schema_fuzz.py) found each of these documented more loosely than the server checks.
 
