@@ -11,8 +11,8 @@ path, which this copies hop for hop:
     agent ◀──HTTP── ASGI server: the ring wakes the waiting request, which answers
 
 and, for a call the product dispatches in the request (ledger/request_dispatch.py), `POST
-/call-here`: the server itself commits the call with its claim (one transaction, as the product
-claims in the proposal's), calls the provider, commits the receipt and answers — no broker, no
+/call-here`: the server itself commits the call already claimed (one statement, as the product
+inserts it `dispatched` in the proposal's write), calls the provider, commits the receipt and answers — no broker, no
 worker, no ring.
 
 Here the server is a bare ASGI callable under the same uvicorn (uvloop, httptools; one process,
@@ -113,13 +113,13 @@ class Server:
         return json.dumps({"call_id": call_id, "status": status, "result": result}).encode()
 
     async def call_here(self, body: bytes) -> bytes:
-        """The dispatch in the request, as the product runs it: the proposal and its claim in one
-        transaction, the provider read, the receipt (two commits), in this process."""
+        """The dispatch in the request, as the product runs it: the call written already claimed
+        (the product inserts it `dispatched`), the provider read, the receipt (two commits), in
+        this process."""
         order_id = json.loads(body)["order_id"]
-        async with self.pool.connection() as conn, conn.transaction():
-            row = await (await conn.execute(f"INSERT INTO {TABLE} (order_id, status) VALUES (%s, 'created') "
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(f"INSERT INTO {TABLE} (order_id, status) VALUES (%s, 'dispatched') "
                                             "RETURNING id", [order_id])).fetchone()
-            await conn.execute(f"UPDATE {TABLE} SET status = 'dispatched' WHERE id = %s", [row[0]])  # the claim
         result = (await self.provider.get(f"/orders/{order_id}")).text
         async with self.pool.connection() as conn:
             await conn.execute(f"UPDATE {TABLE} SET status = 'confirmed', result = %s WHERE id = %s",

@@ -66,8 +66,8 @@ Claim = tuple[Operation, Attempt] | Deferred | str
 
 def settle(operation_id: str, claimed: Claim, *,
            let_go: Callable[[], None] | None = None) -> tuple[str, Operation | None]:
-    """Steps 6 and 7 after a claim committed with its caller's transaction
-    (`claim_in_transaction`'s result): the provider call and the receipt; a deferred claim goes
+    """Steps 6 and 7 after a claim committed (`_claim`'s result, or a proposal's that claimed its
+    call as it wrote it: `claim_new`): the provider call and the receipt; a deferred claim goes
     back to the broker for later; a claim that found nothing to do ends here. Returns what
     happened, for logs, and the operation as its receipt left it (status, result), for an
     answer that needs no read after it; None when no receipt was recorded (nothing to do,
@@ -104,44 +104,73 @@ def _enqueue_later(operation_id: str, deferred: Deferred) -> None:
 
 
 def _claim(operation_id: str, *, worker: str) -> Claim:
-    """Step 5 in a transaction of its own: re-validate and commit `dispatched`."""
+    """Step 5 in a transaction of its own: re-validate and commit `dispatched`. Returns
+    (operation, attempt), a Deferred, or a string naming why there is nothing to do; `settle`
+    takes it from there."""
     with transaction.atomic():
-        return claim_in_transaction(operation_id, worker=worker)
+        now = timezone.now()
+        claimed = _lock_for_claim(operation_id)
+        if claimed is None:
+            return "missing"
+        operation, circuit_until, in_flight, catalog = claimed
+        if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
+            return f"noop:{operation.status}"
+        tool = operation.tool
+        held = _held(operation, catalog)
+        if held:
+            return held
+        # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
+        approval = _approved_request(operation) if operation.needs_approval else None
+        refusal = _revalidate(operation, approval, now=now, catalog=catalog)
+        if refusal:
+            return refusal
+        if operation.status == OperationStatus.RETRY_SAFE:
+            stop = _retry_exhausted(operation, tool, now=now)
+            if stop:
+                services.operation_fail(operation_id=operation_id, actor=ACTOR, reason=stop,
+                                        evidence={"attempts": operation.attempt_count,
+                                                  "last_error": operation.last_error})
+                return f"failed:{stop}"
+            if operation.not_before and operation.not_before > now:
+                return Deferred("backoff", (operation.not_before - now).total_seconds(), tool.queue)
+        deferred = _load_guards(operation, circuit_until=circuit_until, in_flight=in_flight, now=now)
+        if deferred:
+            return deferred
+        if approval is not None:
+            approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
+        seam("before_dispatch_commit", operation_id)
+        # The row locked above, with its tool: no second lock, no lazy load before the provider call.
+        return services.operation_dispatch(operation_id=operation_id, worker=worker,
+                                           deadline=_deadline(tool, now), locked=operation)
 
 
-def claim_in_transaction(operation_id: str, *, worker: str,
-                         read: tuple[Operation, object, int, Catalog] | None = None) -> Claim:
-    """Step 5 in the caller's open transaction (a proposal's, when its request dispatches the
-    call: ledger/request_dispatch.py): re-validate and move to `dispatched`, committed with that
-    transaction. Returns (operation, attempt), a Deferred, or a string naming why there is
-    nothing to do; `settle` takes it from there once the transaction has committed.
+def claim_new(operation: Operation, *, worker: str, circuit_until, in_flight: int,
+              created: dict) -> Deferred | tuple[Attempt, list[Event]]:
+    """Step 5 for a call its proposal has not written yet, in the proposal's transaction (the
+    request that proposed it dispatches it: ledger/request_dispatch.py).
 
-    `read`: what `_lock_for_claim` would return, already read and locked in this transaction by
-    the caller (the proposal that inserted the operation), so no statement reads it again."""
+    The gate decided on this call moments before, in the same transaction, with the agent
+    share-locked and the configuration held still until the commit. So every re-check of the
+    claim already has its answer: a stop or a paused task refused the proposal, the task is
+    running, the tool's schema is the one validated, and the policy's verdict is the gate's.
+    Left are the load guards, which are not about authority: an open circuit, another operation
+    on the same business object in flight, the tenant at its limit. They defer the call (the
+    caller inserts it `authorized` and settles the Deferred once it committed).
+
+    Otherwise `operation` (unsaved) goes in `dispatched`: the attempt and the event rows to
+    insert with it are returned (`services.operation_created_dispatched`; `created` names the
+    gate's authorization), and `settle` calls the provider once they committed."""
     now = timezone.now()
-    claimed = _lock_for_claim(operation_id) if read is None else read
-    if claimed is None:
-        return "missing"
-    operation, circuit_until, in_flight, catalog = claimed
-    if operation.status not in (OperationStatus.AUTHORIZED, OperationStatus.RETRY_SAFE):
-        return f"noop:{operation.status}"
+    deferred = _load_guards(operation, circuit_until=circuit_until, in_flight=in_flight, now=now)
+    if deferred:
+        return deferred
+    seam("before_dispatch_commit", operation.operation_id)
+    return services.operation_created_dispatched(operation, worker=worker, deadline=_deadline(operation.tool, now),
+                                                 **created)
+
+
+def _load_guards(operation: Operation, *, circuit_until, in_flight: int, now) -> Deferred | None:
     tool = operation.tool
-    held = _held(operation, catalog)
-    if held:
-        return held
-    # The approval this dispatch consumes, looked up once (an operation the gate ran at once has none).
-    approval = _approved_request(operation) if operation.needs_approval else None
-    refusal = _revalidate(operation, approval, now=now, catalog=catalog)
-    if refusal:
-        return refusal
-    if operation.status == OperationStatus.RETRY_SAFE:
-        stop = _retry_exhausted(operation, tool, now=now)
-        if stop:
-            services.operation_fail(operation_id=operation_id, actor=ACTOR, reason=stop,
-                                    evidence={"attempts": operation.attempt_count, "last_error": operation.last_error})
-            return f"failed:{stop}"
-        if operation.not_before and operation.not_before > now:
-            return Deferred("backoff", (operation.not_before - now).total_seconds(), tool.queue)
     reopen = circuit_still_open(tool, circuit_until, now=now)
     if reopen:
         return Deferred("circuit_open", (reopen - now).total_seconds(), tool.queue)
@@ -154,17 +183,15 @@ def claim_in_transaction(operation_id: str, *, worker: str,
         # An operation in doubt (unknown) may still have happened: it blocks its business key too.
         busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
                                         status__in=[OperationStatus.DISPATCHED, OperationStatus.UNKNOWN])
-        if busy.exclude(pk=operation_id).exists():
+        if busy.exclude(pk=operation.pk).exists():
             return Deferred("business_key_busy", 0.5, tool.queue)
     if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
         return Deferred("tenant_limit", 0.5, tool.queue)
-    if approval is not None:
-        approval_services.approval_consume(approval_id=approval.approval_id, actor=ACTOR)
-    deadline = now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
-    seam("before_dispatch_commit", operation_id)
-    # The row locked above, with its tool: no second lock, no lazy load before the provider call.
-    return services.operation_dispatch(operation_id=operation_id, worker=worker, deadline=deadline,
-                                       locked=operation)
+    return None
+
+
+def _deadline(tool: Tool, now):
+    return now + timedelta(seconds=tool.timeout_seconds + settings.DISPATCH_GRACE_SECONDS)
 
 
 _CLAIM_LOADS = (Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit)

@@ -10,8 +10,10 @@ Steps 1–3 of dispatch (docs/architecture.md), in one transaction with the task
    operation; a spent budget pauses the task.
 4. create_or_get on the operation ID derived from (tenant, task, step, tool): the same step
    proposed again under a new call ID maps to the same operation — one step, one effect.
-5. run → authorized (the dispatch is enqueued on commit); approval → an approval request bound
-   to call ID, operation, argument hash and the task's state version, and the task waits.
+5. run → authorized (the dispatch is enqueued on commit), or dispatched with its first attempt
+   when the proposal's request dispatches it (ledger/request_dispatch.py); approval → an
+   approval request bound to call ID, operation, argument hash and the task's state version,
+   and the task waits.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from console.models import AgentPrincipal, Event, Tenant
 from console.tracing import tracer
 from ledger import request_dispatch
 from ledger import services as ledger_services
-from ledger.models import Call, Operation, OperationStatus, ToolCircuit
+from ledger.models import Attempt, Call, Operation, OperationStatus, ToolCircuit
 from ledger.queries import lease_sql as _lease_sql
 from ledger.queries import task_for_claim_sql as _task_for_claim_sql
 from ledger.queries import task_sql as _task_sql
@@ -250,14 +252,19 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             "created_at": now,
             "updated_at": now,
         }, task=task, tool=tool, principal=principal)
-        events = ledger_services.operation_created_authorized(
-            operation, actor=principal.ref, authorized_by=GATE_ACTOR,
-            reason=f"L{result.risk_tier} {result.requirement}: runs at once", evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id},
-            publish=not dispatch_here,
-        ) if runs_at_once else []
+        created = dict(actor=principal.ref, authorized_by=GATE_ACTOR,
+                       reason=f"L{result.risk_tier} {result.requirement}: runs at once",
+                       evidence={"risk_tier": result.risk_tier, "reasons": list(result.reasons), "call_id": call_id})
+        # The request dispatches the call: claimed before the write, it goes in `dispatched` with
+        # its attempt, unless a load guard defers it (then it goes in authorized, as below).
+        claim = request_dispatch.claim(operation, circuit_until=claim_reads.circuit_until,
+                                       in_flight=claim_reads.in_flight, created=created) if dispatch_here else None
+        attempt, events = claim if isinstance(claim, tuple) else (None, [])
+        if runs_at_once and attempt is None:
+            events = ledger_services.operation_created_authorized(operation, **created, publish=not dispatch_here)
         # The budget spent, the step (or the one the task has: compensations add steps without
         # holding the task's row), the call, the operation on that step and (run at once) its
-        # two events: one statement on PostgreSQL. The call before the operation: its foreign
+        # events, with its attempt when it goes in dispatched: one statement on PostgreSQL. The call before the operation: its foreign
         # key to it is checked at commit. ON CONFLICT DO NOTHING instead of a savepoint: a row
         # another writer got in first means that writer's row is the answer (`_LostRace` rolls
         # all of it back). The task row is locked, so the new counts are the ones read plus
@@ -274,29 +281,29 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
                      (Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
                              "arguments_hash": args_hash, "created_at": now}),
                      (Operation, {**sql.values_of(operation), "step_id": sql.Key(0)}),
+                     *([(Attempt, sql.values_of(attempt))] if attempt is not None else []),
                      *audit_entry,
                      *[(Event, sql.values_of(event)) for event in events]],
             updates=run_services.budget_counters_spend(
                 counters, writes=spent["writes_used"] - task.writes_used, amount=gate.call_amount(tool, arguments)))
         if written is None:
             raise _LostRace
-        step_pk, call_pk, operation_pk, *_ = written
+        step_pk, call_pk, operation_pk, *rest = written
         if call_pk is None or operation_pk is None:
             raise _LostRace
         operation.step_id = step_pk
         operation._state.adding = False
+        if attempt is not None:
+            attempt.pk, attempt._state.adding = rest[0], False
         for name, value in spent.items():
             setattr(task, name, value)
         if runs_at_once:
-            claim = request_dispatch.claim(
-                operation, circuit_until=claim_reads.circuit_until, in_flight=claim_reads.in_flight,
-                policy=policy) if dispatch_here else None
             return Proposal(
-                call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED,
-                status=claim[0].status if isinstance(claim, tuple) else operation.status,
+                call_id=call_id, operation_id=operation_id, decision=Decision.DISPATCHED, status=operation.status,
                 task_id=task.task_id, task_version=task.version, reasons=result.reasons,
                 risk_tier=result.risk_tier, created=True, call_pk=call_pk, dispatch_here=dispatch_here,
-                claim=claim, outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
+                claim=(operation, attempt) if attempt is not None else claim,
+                outcome=CallOutcome(outcome=Outcome.DISPATCHED, final=False, by=GATE_ACTOR, at=now),
             )
 
         ledger_services.operation_created_event(operation, actor=principal.ref)

@@ -6,13 +6,17 @@ publishes, a worker picks the message up, the worker rings the server's doorbell
 receipt commits, and the server reads the outcome back. The agent is waiting on this server
 anyway, so the server runs the dispatch itself (Temporal calls the same idea eager dispatch).
 
-It is the worker's protocol, not a second one: the same claim (every check of authority at the
-moment of effect), fencing token, provider call and receipt. The claim runs in the proposal's
-own transaction, so the call commits `dispatched` with its proposal: one commit fewer than a
-worker's dispatch, and no moment where the call is `authorized` with nothing on its way. Nothing
-is published for it. A server that dies (or a claim that fails) before that commit leaves
-nothing at all: the agent's request gets no answer (or a 503), and its framework proposes the
-call again. One that dies after it leaves the operation `dispatched`, and the sweeper marks it
+It is the worker's protocol, not a second one: the same fencing token, provider call and
+receipt, and the claim's checks at the moment of effect. The claim runs in the proposal's own
+transaction, where the gate has just judged the call on the same locked agent and held
+configuration, so only its load guards are left to check, before the write: the call is
+inserted `dispatched`, with its first attempt. One commit fewer than a worker's dispatch, no
+update of the row before the provider call, and no moment where the call is `authorized` with
+nothing on its way. Nothing is published for it.
+
+A server that dies (or a claim that fails) before that commit leaves nothing at all: the
+agent's request gets no answer (or a 503), and its framework proposes the call again. One that
+dies after it leaves the operation `dispatched`, and the sweeper marks it
 `unknown` at its deadline for reconciliation, as it does for a lost worker.
 
 Only tools on the fast queue (a server thread does not wait on slow ones), only with
@@ -33,10 +37,10 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.db import close_old_connections
 
-from approvals.catalog import Catalog
 from approvals.models import Tool
+from console.models import Event
 from ledger import dispatcher, tasks
-from ledger.models import Operation
+from ledger.models import Attempt, Operation
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +74,14 @@ def server_name() -> str:
     return f"server:{socket.gethostname()}:{os.getpid()}"
 
 
-def claim(operation: Operation, *, circuit_until, in_flight: int, policy: Catalog) -> dispatcher.Claim:
-    """The claim of a call the proposal's request dispatches, in the proposal's transaction, on
-    what the proposal's statements read for it (`ledger.proposals._lock_task`): the call commits
-    `dispatched` with its proposal, and a claim that fails takes the proposal with it (nothing
-    committed, nothing sent; the agent proposes again)."""
-    return dispatcher.claim_in_transaction(operation.operation_id, worker=server_name(),
-                                           read=(operation, circuit_until, in_flight, policy))
+def claim(operation: Operation, *, circuit_until, in_flight: int,
+          created: dict) -> dispatcher.Deferred | tuple[Attempt, list[Event]]:
+    """The claim of a call the proposal's request dispatches, in the proposal's transaction and
+    before its write (`dispatcher.claim_new`), on what the proposal's statements read for it
+    (`ledger.proposals._lock_task`): the call is inserted `dispatched`, and a claim that fails
+    takes the proposal with it (nothing committed, nothing sent; the agent proposes again)."""
+    return dispatcher.claim_new(operation, worker=server_name(), circuit_until=circuit_until, in_flight=in_flight,
+                                created=created)
 
 
 def dispatch(operation_id: str, claimed: dispatcher.Claim) -> Operation | None:

@@ -114,18 +114,26 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
                 f"Operation {operation_id} is {operation.status}; only authorized or retry_safe dispatch.",
                 details={"status": operation.status},
             )
-        number = operation.attempt_count + 1
-        token = operation.fencing_token + 1
-        attempt = Attempt(operation=operation, number=number, fencing_token=token, worker=worker,
-                          started_at=timezone.now())
+        attempt = _next_attempt(operation, worker=worker)
         _move(
-            operation, to=OperationStatus.DISPATCHED, actor=f"worker:{worker}",
-            reason=f"attempt {number}", evidence={"attempt": number, "fencing_token": token},
+            operation, to=OperationStatus.DISPATCHED, **_dispatched_record(attempt),
             guard={"fencing_token": operation.fencing_token, "attempt_count": operation.attempt_count},
-            changes={"fencing_token": token, "attempt_count": number, "dispatch_deadline": deadline},
+            changes={"fencing_token": attempt.fencing_token, "attempt_count": attempt.number,
+                     "dispatch_deadline": deadline},
             also_insert=[attempt],
         )
     return operation, attempt
+
+
+def _next_attempt(operation: Operation, *, worker: str) -> Attempt:
+    return Attempt(operation=operation, number=operation.attempt_count + 1,
+                   fencing_token=operation.fencing_token + 1, worker=worker, started_at=timezone.now())
+
+
+def _dispatched_record(attempt: Attempt) -> dict[str, Any]:
+    """The actor, reason and evidence of a move to `dispatched` (one per attempt)."""
+    return {"actor": f"worker:{attempt.worker}", "reason": f"attempt {attempt.number}",
+            "evidence": {"attempt": attempt.number, "fencing_token": attempt.fencing_token}}
 
 
 _OUTCOME_STATUS = {
@@ -392,18 +400,50 @@ def operation_created_authorized(operation: Operation, *, actor: str, authorized
     """A call the gate runs at once is inserted directly as `authorized`: its two transitions
     (∅ → planned, planned → authorized), as unsaved event rows the caller inserts in the
     statement that inserts the operation (the proposal, one statement on PostgreSQL). The
-    dispatch is enqueued (unless `publish` is false: the caller dispatches it itself once it
+    dispatch is enqueued (unless `publish` is false: the caller settles the call itself once it
     committed, ledger/request_dispatch.py), and the live pages rung, once the transaction
     commits; a rollback (the caller's insert lost a race) takes both with it."""
     if operation.status != OperationStatus.AUTHORIZED or OperationStatus.AUTHORIZED not in Operation.TRANSITIONS[OperationStatus.PLANNED]:
         raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
-    events = [
-        _created_row(operation, actor=actor, to_status=OperationStatus.PLANNED),
-        event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
-                  kind=Event.Kind.TRANSITION, from_status=OperationStatus.PLANNED, to_status=OperationStatus.AUTHORIZED, actor=authorized_by, reason=reason,
-                  evidence=evidence),
-    ]
+    events = _created_authorized_rows(operation, actor=actor, authorized_by=authorized_by, reason=reason,
+                                      evidence=evidence)
     ring_doorbell_on_commit(events)
     if publish:
         _enqueue_dispatch_on_commit(operation)
     return events
+
+
+def operation_created_dispatched(operation: Operation, *, worker: str, deadline, actor: str, authorized_by: str,
+                                 reason: str, evidence: dict[str, Any]) -> tuple[Attempt, list[Event]]:
+    """A call the gate runs at once, claimed by its proposal's request before it is written
+    (`ledger.dispatcher.claim_new`), is inserted directly as `dispatched`: `operation` (unsaved,
+    `authorized`) takes the values `operation_dispatch` would write, and its first attempt and
+    its three transitions (∅ → planned → authorized → dispatched) are returned as unsaved rows
+    the caller inserts with it, in one statement on PostgreSQL. Nothing is enqueued: the caller
+    calls the provider once the transaction commits; the live pages are rung then."""
+    if (operation.status != OperationStatus.AUTHORIZED or not operation._state.adding
+            or OperationStatus.DISPATCHED not in Operation.TRANSITIONS[OperationStatus.AUTHORIZED]):
+        raise IllegalTransition(f"Operation {operation.operation_id} is {operation.status}, not a new authorized one.")
+    attempt = _next_attempt(operation, worker=worker)
+    events = [
+        *_created_authorized_rows(operation, actor=actor, authorized_by=authorized_by, reason=reason,
+                                  evidence=evidence),
+        event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
+                  kind=Event.Kind.TRANSITION, from_status=OperationStatus.AUTHORIZED,
+                  to_status=OperationStatus.DISPATCHED, **_dispatched_record(attempt)),
+    ]
+    operation.status = OperationStatus.DISPATCHED
+    operation.fencing_token, operation.attempt_count = attempt.fencing_token, attempt.number
+    operation.dispatch_deadline = deadline
+    ring_doorbell_on_commit(events)
+    return attempt, events
+
+
+def _created_authorized_rows(operation: Operation, *, actor: str, authorized_by: str, reason: str,
+                             evidence: dict[str, Any]) -> list[Event]:
+    return [
+        _created_row(operation, actor=actor, to_status=OperationStatus.PLANNED),
+        event_row(entity=Operation.EVENT_ENTITY, entity_id=operation.operation_id, tenant_id=operation.tenant_id,
+                  kind=Event.Kind.TRANSITION, from_status=OperationStatus.PLANNED,
+                  to_status=OperationStatus.AUTHORIZED, actor=authorized_by, reason=reason, evidence=evidence),
+    ]

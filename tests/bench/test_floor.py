@@ -54,7 +54,7 @@ def test_each_replay_writes_the_rows_of_one_lifecycle_and_confirms_a_new_operati
     finally:
         replayer.close()
 
-    assert recording.write_commits == 2  # the proposal with its claim, and the receipt
+    assert recording.write_commits == 2  # the proposal, its call inserted claimed, and the receipt
     assert written["Operation"] == 1 and written["Event"] >= 3
     assert {name: count - before[name] for name, count in rows().items()} == {
         name: 2 * count for name, count in written.items()}

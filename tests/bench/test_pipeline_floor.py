@@ -2,7 +2,7 @@
 path at its least: a call is answered only after every hop the product makes — committed,
 handed through the broker to a worker process, read from the provider, its receipt committed,
 rung back — or the floor would be cheaper than the path it is read against. Its dispatch in the
-request (`/call-here`) commits the call with its claim, then its receipt, around the provider's read."""
+request (`/call-here`) commits the call already claimed, then its receipt, around the provider's read."""
 
 from __future__ import annotations
 

@@ -16,12 +16,13 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import OperationalError, connection, connections
+from django.db.backends.utils import CursorWrapper
 from django.test import AsyncClient
 
 from approvals.models import Tool
 from console.lib.procs import wait_until
 from console.models import AgentPrincipal, Event
-from ledger import dispatcher, request_dispatch, seams
+from ledger import dispatcher, request_dispatch, seams, services
 from ledger.dispatcher import run_dispatch
 from ledger.models import Attempt, Call, Operation
 from tests.conftest import AGENT_TOKEN
@@ -132,6 +133,27 @@ def test_a_claim_the_dispatcher_defers_is_left_to_the_broker_and_the_wait_goes_o
     assert not Attempt.objects.exists()
 
 
+def test_a_call_whose_order_has_another_refund_in_flight_goes_in_authorized_and_waits_its_turn(
+        running_task, enqueued, payments_url, unique):
+    """The claim's load guards run before the proposal's write: one that defers the call leaves
+    it `authorized`, with no attempt, for the broker to dispatch once the order is free."""
+    order_id = unique("ord")
+    first = propose(running_task, wait=None, arguments=refund(order_id=order_id, amount=10))
+    services.operation_dispatch(operation_id=first.json()["operation_id"], worker="elsewhere")
+    enqueued.dispatches.clear()
+
+    second = propose(running_task, wait=0.3, call_id="call-2", step_id="step-2",
+                     arguments=refund(order_id=order_id, amount=15))
+
+    assert (second.status_code, second.json()["status"]) == (201, "authorized"), second.content
+    operation = Operation.objects.get(pk=second.json()["operation_id"])
+    assert (operation.status, operation.attempt_count) == ("authorized", 0)
+    assert not operation.attempts.exists()
+    ((operation_id, options),) = enqueued.dispatches
+    assert operation_id == operation.operation_id and options["countdown"] > 0
+    assert effects_of(payments_url, operation) == []
+
+
 def test_the_proposal_and_its_claim_commit_together(running_task, enqueued, payments_url, unique, monkeypatch):
     """One commit before the provider is called (the proposal with its claim), not two: no
     moment where the call is `authorized` with nothing on its way."""
@@ -155,6 +177,44 @@ def test_the_proposal_and_its_claim_commit_together(running_task, enqueued, paym
     assert at_the_provider == [1]
     moves = list(Event.objects.filter(entity=Operation.EVENT_ENTITY).order_by("id").values_list("to_status", flat=True))
     assert moves == ["planned", "authorized", "dispatched", "confirmed"]
+
+
+def test_the_call_is_inserted_dispatched_with_its_attempt_and_never_updated_before_the_provider_call(
+        running_task, enqueued, payments_url, unique, monkeypatch):
+    """The gate decided in this transaction, on the configuration it holds: the claim has only
+    its load guards left to check, so the proposal's one write inserts the operation already
+    `dispatched`, with its first attempt and its three moves. No statement moves it again
+    before the provider is called."""
+    table = Operation._meta.db_table
+    before_the_provider, statements = [], []
+    real_execute = CursorWrapper._execute  # every thread's connection: the request runs in its own
+
+    def execute(self, sql, *args, **kwargs):
+        statements.append(sql)
+        return real_execute(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(CursorWrapper, "_execute", execute)
+    real_adapter = dispatcher.adapter_for
+
+    def adapter_for(tool):
+        adapter = real_adapter(tool)
+        execute = adapter.execute
+        adapter.execute = (lambda *args, **kwargs: before_the_provider.extend(statements)
+                           or execute(*args, **kwargs))
+        return adapter
+
+    monkeypatch.setattr(dispatcher, "adapter_for", adapter_for)
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.json()["status"] == "confirmed"
+    assert [sql for sql in before_the_provider if f'UPDATE "{table}"' in sql] == []
+    (attempt,) = Attempt.objects.all()
+    assert (attempt.number, attempt.fencing_token) == (1, 1) and attempt.worker == request_dispatch.server_name()
+    moves = list(Event.objects.filter(entity=Operation.EVENT_ENTITY).order_by("id")
+                 .values_list("from_status", "to_status", "actor"))
+    assert moves[0][1] == "planned"
+    assert moves[1:3] == [("planned", "authorized", "system:gate"),
+                          ("authorized", "dispatched", f"worker:{request_dispatch.server_name()}")]
 
 
 def test_the_claim_reads_nothing_the_proposals_statements_did_not(running_task, enqueued, payments_url, unique,
