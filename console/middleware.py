@@ -19,13 +19,19 @@ raise `SynchronousOnlyOperation`, not block it.
 
 from __future__ import annotations
 
+import functools
+
 import django
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from csp.constants import HEADER, HEADER_REPORT_ONLY
+from csp.middleware import CheckableLazyObject, build_policy
 from csp.middleware import CSPMiddleware as _CSPMiddleware
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware as _AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware as _MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware as _SessionMiddleware
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptionsMiddleware
@@ -33,6 +39,7 @@ from django.middleware.common import CommonMiddleware as _CommonMiddleware
 from django.middleware.csrf import CsrfViewMiddleware as _CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware as _SecurityMiddleware
 
+from console.api import for_machines
 from console.lib.asgi_handler import Handler
 
 
@@ -70,8 +77,43 @@ class SecurityMiddleware(OnTheLoop, _SecurityMiddleware):
     pass
 
 
+# django-csp's marks of a policy changed for one view (csp.decorators); any of them, or a nonce
+# the response used, and the header is built for that response as django-csp builds it.
+_PER_VIEW = ("_csp_exempt", "_csp_config", "_csp_update", "_csp_replace",
+             "_csp_exempt_ro", "_csp_config_ro", "_csp_update_ro", "_csp_replace_ro")
+
+
+@functools.cache
+def _settings_policies() -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """(header, policy, excluded path prefixes) of the two settings, built as django-csp builds
+    them for an answer that used no nonce and changes nothing per view."""
+    return tuple((header, build_policy(report_only=report_only),
+                  tuple((getattr(settings, name, None) or {}).get("EXCLUDE_URL_PREFIXES") or ()))
+                 for header, name, report_only in ((HEADER, "CONTENT_SECURITY_POLICY", False),
+                                                   (HEADER_REPORT_ONLY, "CONTENT_SECURITY_POLICY_REPORT_ONLY", True)))
+
+
+@receiver(setting_changed)
+def _policy_setting_changed(*, setting: str, **kwargs) -> None:
+    if setting.startswith("CONTENT_SECURITY_POLICY") or setting == "DEBUG":
+        _settings_policies.cache_clear()
+
+
 class CSPMiddleware(OnTheLoop, _CSPMiddleware):
-    pass
+    """django-csp builds the policy for every answer, with two deep copies of its configuration
+    on the way. An answer that used no nonce (every API answer, most fragments) and changes
+    nothing per view gets the settings' policy, which is the same each time: built once."""
+
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        if (getattr(request, "_csp_nonce", None) is not None or any(hasattr(response, name) for name in _PER_VIEW)
+                or (settings.DEBUG and response.status_code in (404, 500))):
+            return super().process_response(request, response)
+        for header, policy, excluded in _settings_policies():
+            if policy and header not in response and not request.path_info.startswith(excluded):
+                response[header] = policy
+        # As django-csp does: a nonce asked for after the header was written is an error.
+        request.csp_nonce = CheckableLazyObject(self._csp_nonce_post_response)
+        return response
 
 
 class SessionMiddleware(OnTheLoop, _SessionMiddleware):
@@ -119,6 +161,13 @@ class AuthenticationMiddleware(OnTheLoop, _AuthenticationMiddleware):
 
 class MessageMiddleware(OnTheLoop, _MessageMiddleware):
     # Messages nobody added or read are not stored; stored ones may go to the session.
+
+    def process_request(self, request: HttpRequest) -> None:
+        # Nothing under the API's paths adds or shows a message: no storage for them (with
+        # none, Django's `process_response` has nothing to store).
+        if not for_machines(request):
+            super().process_request(request)
+
     def response_needs_thread(self, request: HttpRequest, response: HttpResponseBase) -> bool:
         storage = getattr(request, "_messages", None)
         return storage is not None and (storage.used or storage.added_new)

@@ -98,3 +98,88 @@ def test_a_message_kept_in_the_session_reaches_the_next_page():
         return await browser.request("/show")
 
     assert asyncio.run(add_twice_then_show()).body == b"kept in the session | kept in the session"
+
+
+def _header(answer, name: bytes) -> str | None:
+    return next((value.decode() for key, value in answer.headers if key.lower() == name.lower()), None)
+
+
+def _with_nonce(request):
+    return HttpResponse(f'<script nonce="{request.csp_nonce}"></script>')
+
+
+def _plain(request):
+    return HttpResponse("no nonce")
+
+
+urlpatterns += [path("nonce", _with_nonce), path("plain", _plain), path("api/v1/plain", _plain)]
+
+
+def answers(*paths: str):
+    app = asgi_handler()
+
+    async def run():
+        return [await call(app, path) for path in paths]
+
+    return asyncio.run(run())
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ROOT_URLCONF=__name__)
+def test_the_policy_of_an_answer_without_a_nonce_is_built_once_and_is_django_csps(client, monkeypatch):
+    """django-csp builds the header for every answer (two deep copies of the configuration);
+    one that used no nonce and changes nothing per view gets the settings' policy, built once."""
+    from csp import middleware as csp_middleware
+
+    built = []
+    real_build = csp_middleware.build_policy
+    monkeypatch.setattr(csp_middleware, "build_policy", lambda **kw: built.append(kw) or real_build(**kw))
+    expected = client.get("/plain")["Content-Security-Policy"]  # Django's own middleware (sync)
+    built.clear()
+
+    first, second, api = answers("/plain", "/plain", "/api/v1/plain")
+
+    assert {_header(first, b"content-security-policy"), _header(second, b"content-security-policy"),
+            _header(api, b"content-security-policy")} == {expected}
+    assert "nonce" not in expected and "'self'" in expected
+    assert built == []
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_page_that_uses_its_nonce_still_gets_a_fresh_one_in_its_policy():
+    first, second = answers("/nonce", "/nonce")
+
+    nonces = [re.search(r"nonce-([^']+)'", _header(answer, b"content-security-policy")).group(1)
+              for answer in (first, second)]
+    assert nonces[0] != nonces[1]
+    assert [answer.body.decode() for answer in (first, second)] == [
+        f'<script nonce="{nonce}"></script>' for nonce in nonces]
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_changed_policy_setting_is_the_one_sent(settings):
+    (before,) = answers("/plain")
+    settings.CONTENT_SECURITY_POLICY = {"DIRECTIVES": {"default-src": ["'none'"]}}
+    (after,) = answers("/plain")
+
+    assert _header(after, b"content-security-policy") == "default-src 'none'"
+    assert _header(before, b"content-security-policy") != "default-src 'none'"
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ROOT_URLCONF=__name__)
+def test_an_api_request_makes_no_message_storage_and_a_page_still_does(monkeypatch):
+    """Nothing under the API's paths adds or shows a message: no storage is made for it (the
+    cookie storage's signer and the fallback's two storages, for every agent's call)."""
+    from django.contrib.messages import middleware as messages_middleware
+
+    made = []
+    real_storage = messages_middleware.default_storage
+    monkeypatch.setattr(messages_middleware, "default_storage", lambda request: made.append(request.path)
+                        or real_storage(request))
+
+    answers("/api/v1/plain", "/plain")
+
+    assert made == ["/plain"]
