@@ -158,8 +158,10 @@ def test_a_page_that_uses_its_nonce_still_gets_a_fresh_one_in_its_policy():
 
 
 @pytest.mark.django_db(transaction=True)
-@override_settings(ROOT_URLCONF=__name__)
 def test_a_changed_policy_setting_is_the_one_sent(settings):
+    # Both through the fixture, which undoes its changes in reverse order: mixed with the
+    # decorator, its undo would put the decorator's URLconf back after the decorator's own.
+    settings.ROOT_URLCONF = __name__
     (before,) = answers("/plain")
     settings.CONTENT_SECURITY_POLICY = {"DIRECTIVES": {"default-src": ["'none'"]}}
     (after,) = answers("/plain")
