@@ -46,7 +46,8 @@ def test_a_low_risk_call_is_authorized_and_dispatched_on_commit(agent, running_t
     assert operation.idempotency_key == operation.operation_id
     assert (operation.call_id, operation.risk_tier, operation.business_key) == ("call-1", 1, "ord-42")
     assert Call.objects.get().operation == operation
-    moves = list(Event.objects.filter(entity="operation").values_list("from_status", "to_status", "actor"))
+    moves = list(Event.objects.filter(entity="operation").order_by("id")
+                 .values_list("from_status", "to_status", "actor"))
     assert moves == [("", "planned", agent.ref), ("planned", "authorized", "system:gate")]
     assert len(callbacks) == 1  # the dispatch, published only once this commits
     task = running_task.task

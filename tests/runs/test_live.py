@@ -40,7 +40,8 @@ def test_a_reconnecting_run_page_gets_the_transitions_it_missed_and_no_other_run
     other_token = lease_acquire(task_id=other.task_id, owner="w", ttl_seconds=60).fencing_token
     task_transition(task_id=other.task_id, to="planning", expected_version=1, fencing_token=other_token, actor="agent")
     last = Event.objects.order_by("-id").values_list("id", flat=True).first()
-    mine = list(Event.objects.filter(entity="task", entity_id=task.task_id, id__gt=seen).values_list("id", flat=True))
+    mine = list(Event.objects.filter(entity="task", entity_id=task.task_id, id__gt=seen).order_by("id")
+                .values_list("id", flat=True))
 
     async def scenario():
         page = WebsocketCommunicator(application(), f"/ws/live/run/{task.task_id}/", headers=headers)
