@@ -101,6 +101,18 @@ def _in_process_broker():
     app.conf.task_always_eager = False
 
 
+@pytest.fixture(autouse=True)
+def _urlconf_left_as_found():
+    """A test that leaves the URLconf overridden breaks every later test of its process, far
+    from it (mixing `@override_settings` with pytest-django's `settings` fixture does: the
+    fixture's undo puts the decorator's override back). Caught here, at the test that did it."""
+    from django.conf import settings
+
+    before = settings.ROOT_URLCONF
+    yield
+    assert settings.ROOT_URLCONF == before, f"this test left ROOT_URLCONF = {settings.ROOT_URLCONF!r}"
+
+
 class OneRoundPBKDF2PasswordHasher(PBKDF2PasswordHasher):
     """The product's hasher with one round instead of a million. A hash names its rounds
     (`pbkdf2_sha256$1$…`), so a server or worker started by a test, with the product's own
