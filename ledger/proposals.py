@@ -264,11 +264,11 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             events = ledger_services.operation_created_authorized(operation, **created, publish=not dispatch_here)
         # The budget spent, the step (or the one the task has: compensations add steps without
         # holding the task's row), the call, the operation on that step and (run at once) its
-        # events, with its attempt when it goes in dispatched: one statement on PostgreSQL. The call before the operation: its foreign
-        # key to it is checked at commit. ON CONFLICT DO NOTHING instead of a savepoint: a row
-        # another writer got in first means that writer's row is the answer (`_LostRace` rolls
-        # all of it back). The task row is locked, so the new counts are the ones read plus
-        # this call's.
+        # events, with its attempt when it goes in dispatched: one statement on PostgreSQL. The
+        # call before the operation: its foreign key to it is checked at commit. ON CONFLICT DO
+        # NOTHING instead of a savepoint: a row another writer got in first means that writer's
+        # row is the answer (`_LostRace` rolls all of it back). The task row is locked, so the
+        # new counts are the ones read plus this call's.
         spent = _budget_after(task, tool, arguments)
         # Run at once under an audited tier: reviewers look at it afterwards (approvals.audit).
         audited = runs_at_once and result.requirement == PolicyTier.Requirement.RUN_AUDIT

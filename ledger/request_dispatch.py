@@ -16,8 +16,8 @@ nothing on its way. Nothing is published for it.
 
 A server that dies (or a claim that fails) before that commit leaves nothing at all: the
 agent's request gets no answer (or a 503), and its framework proposes the call again. One that
-dies after it leaves the operation `dispatched`, and the sweeper marks it
-`unknown` at its deadline for reconciliation, as it does for a lost worker.
+dies after it leaves the operation `dispatched`, and the sweeper marks it `unknown` at its
+deadline for reconciliation, as it does for a lost worker.
 
 Only tools on the fast queue (a server thread does not wait on slow ones), only with
 DISPATCH_IN_REQUEST on (a deployment whose web servers must not reach providers turns it off),
