@@ -24,7 +24,7 @@ ledger's own timestamps (same machine, same clock):
 | stage    | from → to                                                                    |
 |----------|------------------------------------------------------------------------------|
 | propose  | request sent → operation created (the proposal's request, up to its insert)   |
-| pickup   | operation created → claimed (`dispatched` event): the commit, then the request's own claim (dispatch in the request) or publish, broker, worker |
+| pickup   | operation created → claimed (`dispatched` event): the commit, publish, broker, worker; next to nothing in the request's own dispatch, whose call is inserted `dispatched` |
 | provider | attempt started → finished (the adapter's HTTP call)                          |
 | receipt  | attempt finished → `confirmed` event                                         |
 | wake     | `confirmed` event → the agent holds the final answer (the waiting request's answer) |
@@ -40,9 +40,8 @@ three commits and two Redis hops, no Django or Celery), interleaved with the pro
 the direct read: "floor's overhead" is what this architecture costs on this machine at the
 moment of the run. The product dispatches such a call in the request that proposed it
 (ledger/request_dispatch.py), so the floor's server does the same too (`/call-here`: the
-proposal and its claim in one commit, the provider read and the receipt in the server, no
-broker): "its overhead" is the yardstick for
-the product's overhead now; the broker's floor stays beside it, for calls a worker runs.
+call inserted already claimed, one commit, then the provider read and the receipt in the
+server, no broker): "its overhead" is the yardstick for the product's overhead now; the broker's floor stays beside it, for calls a worker runs.
 
 Nothing is asserted: the machine is shared and noisy; read medians, repeat, and record figures
 with the machine's load in docs/benchmarks.md.
