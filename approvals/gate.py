@@ -169,11 +169,37 @@ def canonical_arguments_hash(arguments: Any) -> str:
 
 def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
     """Validate against the tool's schema (Draft 2020-12, formats checked); return the hash."""
+    check_arguments(tool=tool, arguments=arguments)
+    return canonical_arguments_hash(arguments)
+
+
+# A schema's validator, by the identity of the schema object: one per Tool row loaded (the
+# policy catalog keeps its rows for a configuration), instead of one per call. Emptied when full.
+_validators: dict[int, tuple[dict, Draft202012Validator]] = {}
+MAX_VALIDATORS = 256
+
+
+def _validator(schema: dict) -> Draft202012Validator:
+    kept = _validators.get(id(schema))
+    if kept is not None and kept[0] is schema:
+        return kept[1]
+    # Checked here, once per schema: iter_errors does not check it, and an unknown type or a
+    # malformed keyword would otherwise raise from inside the validation.
+    Draft202012Validator.check_schema(schema)
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    if len(_validators) >= MAX_VALIDATORS:
+        _validators.clear()
+    _validators[id(schema)] = (schema, validator)
+    return validator
+
+
+def check_arguments(*, tool: Tool, arguments: dict[str, Any]) -> None:
+    """`validate_arguments` without the hash, for a caller that has it already."""
     if not isinstance(arguments, dict):
         raise InvalidInput("arguments must be a JSON object.", details={"arguments": type(arguments).__name__})
     try:
-        validator = Draft202012Validator(tool.json_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: (list(e.absolute_path), e.message))
+        errors = sorted(_validator(tool.json_schema).iter_errors(arguments),
+                        key=lambda e: (list(e.absolute_path), e.message))
     except SchemaError as exc:  # the admin saved a broken schema: nothing can pass
         raise InvalidInput(f"The schema of {tool.name} is invalid; nothing can be validated against it.",
                            details={"tool": tool.name, "schema_error": exc.message}) from exc
@@ -185,7 +211,6 @@ def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:
                 for e in errors
             ]},
         )
-    return canonical_arguments_hash(arguments)
 
 
 # --- 2. authorization -----------------------------------------------------------------------

@@ -201,7 +201,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             raise InvalidInput(f"Unknown tool {tool_name!r}.", details={"tool": tool_name})
         # Validated and authorized once, here: `gate.decide` below does the rest of the gate.
         try:
-            gate.validate_arguments(tool=tool, arguments=arguments)
+            gate.check_arguments(tool=tool, arguments=arguments)
         except InvalidInput as exc:
             raise _InvalidArguments(exc, task=task, tool=tool) from exc
         gate.authorize_principal(principal=principal, task=task, tool=tool, catalog=policy)

@@ -38,6 +38,46 @@ def test_it_checks_formats(agent, task):
     assert exc.value.details["errors"][0]["validator"] == "format"
 
 
+def test_a_schema_changed_in_the_admin_is_the_one_checked(agent, task):
+    # Validators are kept per schema: the row read after the change must not meet the old one.
+    tool = Tool.objects.create(name="anything.do", adapter="noop", json_schema={"type": "object"})
+    agent.allowed_tools.add(tool)
+    assert gate.validate_arguments(tool=tool, arguments={"n": "one"}) == gate.canonical_arguments_hash({"n": "one"})
+    Tool.objects.filter(pk=tool.pk).update(json_schema={"type": "object", "properties": {"n": {"type": "integer"}}})
+    with pytest.raises(InvalidInput, match="do not match"):
+        gate.validate_arguments(tool=Tool.objects.get(pk=tool.pk), arguments={"n": "one"})
+    assert gate.validate_arguments(tool=tool, arguments={"n": "one"})  # the row read before keeps its schema
+
+
+def test_a_tools_validator_is_built_once_per_schema(agent, task, monkeypatch):
+    tool = Tool.objects.get(name="payments.refund")
+    built = []
+    real = gate.Draft202012Validator
+
+    class Counting:
+        FORMAT_CHECKER = real.FORMAT_CHECKER
+        check_schema = staticmethod(real.check_schema)
+
+        def __new__(cls, *args, **kwargs):
+            built.append(1)
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr(gate, "Draft202012Validator", Counting)
+    for _ in range(3):
+        gate.check_arguments(tool=tool, arguments=refund())
+    assert len(built) == 1
+
+
+def test_a_broken_schema_refuses_every_call_with_a_clear_error(agent, task):
+    # Saved around the tool form's check (a raw update, an older version): an unknown type
+    # made jsonschema raise while validating, a 500 for the agent.
+    tool = Tool.objects.create(name="anything.do", adapter="noop", json_schema={"type": "no-such-type"})
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match="is invalid") as exc:
+            gate.validate_arguments(tool=tool, arguments={})
+        assert "no-such-type" in exc.value.details["schema_error"]
+
+
 @pytest.mark.parametrize("value", [2**53 + 1, float("nan"), float("inf")])
 def test_it_rejects_arguments_rfc8785_cannot_canonicalize(agent, task, value):
     tool = Tool.objects.create(name="anything.do", adapter="noop", json_schema={"type": "object"})
