@@ -25,7 +25,7 @@ from pathlib import Path
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import connection, transaction
+from django.db import transaction
 
 from console.lib import datagram
 
@@ -58,17 +58,21 @@ class TransactionRing:
 def ring_doorbell_on_commit(events) -> None:
     """Called inside a transaction with the event rows it writes: one ring per transaction,
     after commit, saying what they moved."""
-    from console.models import Event
-
     moved = [(event.entity, event.entity_id, event.to_status) for event in events
-             if event.kind in (Event.Kind.CREATED, Event.Kind.TRANSITION) and event.to_status]
-    for entry in connection.run_on_commit:
+             if event.kind in _MOVING_KINDS and event.to_status]
+    current = transaction.get_connection()
+    for entry in current.run_on_commit:
         if isinstance(entry[1], TransactionRing):  # already rung once for this transaction
             entry[1].moved += moved
             return
     ring = TransactionRing()
     ring.moved += moved
-    transaction.on_commit(ring)
+    current.on_commit(ring)
+
+
+# Event kinds whose rows say a record moved (Event.Kind.CREATED, Event.Kind.TRANSITION), as
+# plain strings: this module is imported before the models are.
+_MOVING_KINDS = frozenset({"created", "transition"})
 
 
 def _ring(moved: Moved | None = None) -> None:

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from approvals.notifications import notifications_plan_operation
 from console.doorbell import ring_doorbell_on_commit
+from console.lib import sql
 from console.lib.errors import Conflict, IllegalTransition, InvalidInput, NotFound
-from console.lib.sql import Declined
 from console.lib.transitions import event_row, record_events, transition
 from console.models import Event
 from ledger import tasks, webhooks
@@ -126,8 +126,8 @@ def operation_dispatch(*, operation_id: str, worker: str, deadline=None,
 
 
 def _next_attempt(operation: Operation, *, worker: str) -> Attempt:
-    return Attempt(operation=operation, number=operation.attempt_count + 1,
-                   fencing_token=operation.fencing_token + 1, worker=worker, started_at=timezone.now())
+    return sql.unsaved(Attempt, {"number": operation.attempt_count + 1, "fencing_token": operation.fencing_token + 1,
+                                 "worker": worker, "started_at": timezone.now()}, operation=operation)
 
 
 def _dispatched_record(attempt: Attempt) -> dict[str, Any]:
@@ -222,7 +222,7 @@ def _record_outcome(operation_id: str, operation: Operation | None, *, attempt_n
         try:
             if transition(operation, unless=unless, **the_move()):
                 return operation, True
-        except (Declined, Conflict):
+        except (sql.Declined, Conflict):
             pass
     with transaction.atomic():
         if operation is None:
