@@ -60,14 +60,13 @@ def ring_doorbell_on_commit(events) -> None:
     after commit, saying what they moved."""
     moved = [(event.entity, event.entity_id, event.to_status) for event in events
              if event.kind in _MOVING_KINDS and event.to_status]
-    current = transaction.get_connection()
-    for entry in current.run_on_commit:
+    for entry in transaction.get_connection().run_on_commit:
         if isinstance(entry[1], TransactionRing):  # already rung once for this transaction
             entry[1].moved += moved
             return
     ring = TransactionRing()
     ring.moved += moved
-    current.on_commit(ring)
+    transaction.on_commit(ring)
 
 
 # Event kinds whose rows say a record moved (Event.Kind.CREATED, Event.Kind.TRANSITION), as
