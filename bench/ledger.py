@@ -85,6 +85,12 @@ class Result:
     latencies: list[float] = field(repr=False)
     cpu_seconds: float = 0.0  # this process's CPU time (all threads) during the measurement
     sys_seconds: float = 0.0  # of which in the kernel (loopback TCP, context switches)
+    sealed: int = 0  # event rows the sealer process linked (clients as processes, with `seal_every`)
+    sealer_cpu_seconds: float = 0.0
+
+    @property
+    def sealer_ms_per_op(self) -> float:
+        return self.sealer_cpu_seconds / self.ops * 1000 if self.ops else 0.0
 
     @property
     def ops_per_s(self) -> float:
@@ -236,18 +242,38 @@ def process_client_factory(kind: str, url: str, dbos_url: str, recordings: list[
     raise ValueError(kind)
 
 
+def _sealer_process(url: str, interval: float, barrier, stop, results) -> None:
+    """The event log's sealer as beat runs it (`console.seal_events`): `audit.seal_pending`
+    every `interval` seconds during the measurement, then the rest; reports its rows and CPU."""
+    setup_django(url)
+    from console.lib import audit
+
+    sealed = 0
+    barrier.wait()
+    times0 = os.times()
+    while not stop.wait(interval):
+        sealed += audit.seal_pending()
+    times1 = os.times()
+    sealed += audit.seal_pending()
+    results.put((sealed, (times1.user - times0.user) + (times1.system - times0.system)))
+
+
 def run_processes(name: str, clients: int, seconds: float, *, url: str, dbos_url: str,
-                  recordings: list[floor.Recording]) -> Result:
+                  recordings: list[floor.Recording], seal_every: float | None = None) -> Result:
     """N client processes, as a deployment runs its servers and workers: none shares a GIL or
-    an interpreter with another. Set-up and warm-up are untimed; throughput over the wall clock."""
+    an interpreter with another. Set-up and warm-up are untimed; throughput over the wall clock.
+    With `seal_every`, a sealer process beside them, as beat runs one on PostgreSQL."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(clients + 1)
+    barrier = context.Barrier(clients + 1 + (seal_every is not None))
     stop = context.Event()
-    results = context.Queue()
+    results, sealer_results = context.Queue(), context.Queue()
     children = [context.Process(target=_process_client, args=(name, i, url, dbos_url, barrier, stop, results),
                                 name=f"{name}-{i}", daemon=True) for i in range(clients)]
+    if seal_every is not None:
+        children.append(context.Process(target=_sealer_process, args=(url, seal_every, barrier, stop, sealer_results),
+                                        name="sealer", daemon=True))
     for child in children:
         child.start()
     try:
@@ -258,8 +284,9 @@ def run_processes(name: str, clients: int, seconds: float, *, url: str, dbos_url
     if not barrier.broken:
         stop.wait(seconds)
     stop.set()
-    reports = [results.get(timeout=300) for _ in children]
+    reports = [results.get(timeout=300) for _ in range(clients)]
     elapsed = time.perf_counter() - started
+    sealed, sealer_cpu = sealer_results.get(timeout=300) if seal_every is not None else (0, 0.0)
     for child in children:
         child.join(timeout=60)
     errors = [report[-1] for report in reports if report[-1]]
@@ -274,7 +301,7 @@ def run_processes(name: str, clients: int, seconds: float, *, url: str, dbos_url
     user = sum(report[2] for report in reports)
     system = sum(report[3] for report in reports)
     return Result(name=name, clients=clients, ops=len(flat), seconds=elapsed, latencies=flat,
-                  cpu_seconds=user + system, sys_seconds=system)
+                  cpu_seconds=user + system, sys_seconds=system, sealed=sealed, sealer_cpu_seconds=sealer_cpu)
 
 
 # --- database set-up -------------------------------------------------------------------------
@@ -886,6 +913,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--processes", action="store_true",
                         help="clients are processes, as a deployment runs them (default: threads in this process)")
+    parser.add_argument("--seal-every", type=float, default=1.0,
+                        help="with --processes: seconds between the event sealer's runs beside the lifecycle and "
+                             "floor clients (beat's EVENT_SEAL_SECONDS)")
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--no-http", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -951,14 +981,19 @@ def main(argv: list[str] | None = None) -> int:
                 for values in PHASES.values():
                     values.clear()
                 if args.processes:
+                    # The lifecycle and its floor write events: the sealer links them as beat would.
+                    sealing = name.startswith(("lifecycle", "floor"))
                     result = run_processes(name, clients, args.seconds, url=url, recordings=recordings,
-                                           dbos_url=with_database(url, dbos_db, scheme="postgresql"))
+                                           dbos_url=with_database(url, dbos_db, scheme="postgresql"),
+                                           seal_every=args.seal_every if sealing else None)
                 else:
                     result = run_clients(name, clients, args.seconds, factory)
                 results.setdefault((name, clients), []).append(result)
                 print(f"run {run} {name:16} x{clients}: {result.ops_per_s:8.1f} ops/s  "
                       f"p50 {result.p50_ms:7.2f} ms  p99 {result.p99_ms:7.2f} ms  "
-                      f"cpu {result.cpu_ms_per_op:5.2f} ms/op (sys {result.sys_ms_per_op:5.2f})", flush=True)
+                      f"cpu {result.cpu_ms_per_op:5.2f} ms/op (sys {result.sys_ms_per_op:5.2f})"
+                      + (f"  sealer {result.sealer_ms_per_op:.2f} ms/op ({result.sealed} rows)" if result.sealed else ""),
+                      flush=True)
                 if name.startswith("lifecycle"):
                     for phase, values in PHASES.items():
                         phases.setdefault((f"{name}: {phase}", clients), []).append(

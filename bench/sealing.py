@@ -1,27 +1,25 @@
-"""The event log's sealing: at each writer's commit (the product) against a batched sealer.
+"""The event log's sealing: after commit by the sealer (the product) against at each writer's commit.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/cs_bench_sealing \\
         .venv/bin/python bench/sealing.py [--clients 8] [--seconds 4] [--runs 2] [--interval 1]
 
-The product seals every event into its tenant's hash chain at the writer's commit: a deferred
-trigger locks the chain's head row, links the rows, moves the head, and the lock is held until
-the commit's WAL flush ends. A tenant's writing commits therefore follow one another, each
-waiting for the one before to reach the disk. This bench measures what that costs `bench/ledger.py`'s
-lifecycle and floor (client processes, one tenant and a tenant each), against the other design:
-the trigger off, and one sealer process that every `--interval` seconds links every committed
-row not sealed yet, in one transaction per batch. That sealer is a prototype written here to
-measure the design (it is not the product's code); its CPU is counted, and every chain is
-verified after each measurement (the links, as `audit_verify` checks them), so a prototype that
-broke a chain would show.
+The product's writers leave their event rows unsealed, and the sealer (`audit.seal_pending`,
+run by beat every EVENT_SEAL_SECONDS) links them into their tenants' hash chains, a batch per
+transaction. Before, a deferred trigger sealed each writer's rows at its commit: it locked the
+chain's head row and held it through the commit's WAL flush, so a tenant's writing commits
+followed one another. This bench measures both on `bench/ledger.py`'s lifecycle and floor
+(client processes, one tenant and a tenant each): the product, with one sealer process running
+`seal_pending` every `--interval` seconds (its CPU counted), and the old design, its triggers put
+back from their migrations. Every chain's links are checked after each measurement.
 
-The two modes alternate on one database, `--runs` times; the sealer has sealed every row before
-the trigger is turned back on. Nothing is asserted.
+The two modes alternate on one database, `--runs` times; every row is sealed before the triggers
+go back on. Nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib
 import os
 import sys
 import time
@@ -34,78 +32,30 @@ if str(ROOT) not in sys.path:
 
 from bench import ledger  # noqa: E402 - after the path is set
 
-TRIGGERS = ("ledger_event_seal", "ledger_event_note_chain")
-UNSEALED_INDEX = "bench_event_unsealed"
-BATCH = 10_000
+UNSEALED_INDEX = 'CREATE INDEX IF NOT EXISTS "event_unsealed" ON "ledger_event" ("id") WHERE "chain_seq" IS NULL'
 
 
-def chain_name(tenant_id: int | None) -> str:
-    return "none" if tenant_id is None else f"tenant:{tenant_id}"
-
-
-def seal_pending(conn) -> int:
-    """Links every committed row not sealed yet (up to BATCH) into its chain, in id order within
-    the batch, in one transaction: the heads locked in the chains' order, the rows updated from
-    one VALUES list. Returns the rows sealed."""
-    with conn.transaction():
-        rows = conn.execute(
-            "SELECT id, tenant_id, content_hash FROM ledger_event WHERE chain_seq IS NULL ORDER BY id LIMIT %s",
-            [BATCH]).fetchall()
-        if not rows:
-            return 0
-        by_chain: dict[str, list[tuple[int, str]]] = {}
-        for event_id, tenant_id, content in rows:
-            by_chain.setdefault(chain_name(tenant_id), []).append((event_id, content))
-        links: list[tuple[int, int, str, str]] = []
-        heads: list[tuple[str, int, str]] = []
-        for chain in sorted(by_chain):
-            seq, prev = conn.execute(
-                "INSERT INTO console_eventchainhead (chain, seq, hash) VALUES (%s, 0, '') "
-                "ON CONFLICT (chain) DO UPDATE SET seq = console_eventchainhead.seq RETURNING seq, hash",
-                [chain]).fetchone()
-            for event_id, content in by_chain[chain]:
-                seq += 1
-                link = hashlib.sha256(f"countersign-link-v1|{chain}|{seq}|{event_id}|{prev}|{content}"
-                                      .encode()).hexdigest()
-                links.append((event_id, seq, prev, link))
-                prev = link
-            heads.append((chain, seq, prev))
-        values = ", ".join(["(%s::bigint, %s::bigint, %s, %s)"] * len(links))
-        conn.execute(f"UPDATE ledger_event e SET chain_seq = v.seq, prev_hash = v.prev, hash = v.link "
-                     f"FROM (VALUES {values}) AS v(id, seq, prev, link) WHERE e.id = v.id",
-                     [part for link in links for part in link])
-        for chain, seq, link in heads:
-            conn.execute("UPDATE console_eventchainhead SET seq = %s, hash = %s WHERE chain = %s", [seq, link, chain])
-    return len(rows)
-
-
-def _sealer(url: str, interval: float, stop, results) -> None:
-    """The sealer process: a batch every `interval` seconds until stopped, then the rest."""
+def set_mode(url: str, at_commit: bool) -> None:
+    """The old design (the sealing triggers of migrations 0006 and 0007, every row sealed first,
+    no index of unsealed rows) or the product's (as migration 0011 leaves it)."""
     import psycopg
 
-    sealed = batches = 0
+    from console.lib import audit
+
+    # The migrations that installed sealing at commit, and the one that took it out (Django set up).
+    chain = importlib.import_module("console.migrations.0006_event_hash_chain")
+    lock_order = importlib.import_module("console.migrations.0007_event_chain_lock_order")
+    after_commit = importlib.import_module("console.migrations.0011_event_sealed_after_commit")
+    if at_commit:
+        audit.seal_pending()
     with psycopg.connect(url, autocommit=True) as conn:
-        times0 = os.times()
-        while not stop.wait(interval):
-            count = seal_pending(conn)
-            sealed, batches = sealed + count, batches + (1 if count else 0)
-        times1 = os.times()
-        while count := seal_pending(conn):
-            sealed += count
-    results.put((sealed, batches, (times1.user - times0.user) + (times1.system - times0.system)))
-
-
-def set_mode(url: str, batched: bool) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        state = "DISABLE" if batched else "ENABLE"
-        for trigger in TRIGGERS:
-            conn.execute(f"ALTER TABLE ledger_event {state} TRIGGER {trigger}")
-        if batched:
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {UNSEALED_INDEX} ON ledger_event (id) WHERE chain_seq IS NULL")
+        if at_commit:
+            conn.execute(chain.POSTGRES)
+            conn.execute(lock_order.POSTGRES)
+            conn.execute('DROP INDEX IF EXISTS "event_unsealed"')
         else:
-            conn.execute(f"DROP INDEX IF EXISTS {UNSEALED_INDEX}")
+            conn.execute(after_commit.POSTGRES_DROP)
+            conn.execute(UNSEALED_INDEX)
 
 
 def verify() -> str:
@@ -150,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         print("set DATABASE_URL to a PostgreSQL database whose name contains 'bench' (it is dropped first)",
               file=sys.stderr)
         return 2
-    import multiprocessing
-
     os.chdir(ROOT)
     ledger.ensure_database(url, fresh=True)
     ledger.setup_django(url)
@@ -159,46 +107,34 @@ def main(argv: list[str] | None = None) -> int:
     print("machine:", {k: v for k, v in ledger.machine().items() if k != "free -h"})
     print(f"command: DATABASE_URL={url} {' '.join([sys.executable.replace(str(ROOT) + '/', ''), *sys.argv])}")
 
-    context = multiprocessing.get_context("spawn")
     kinds = ("lifecycle", "lifecycle, a tenant per client", "floor")
     rows = []
     for run in range(1, args.runs + 1):
         for batched in (False, True):
-            mode = f"batched every {args.interval:g} s" if batched else "at commit"
-            set_mode(url, batched)
+            mode = f"after commit, every {args.interval:g} s" if batched else "at commit"
+            set_mode(url, at_commit=not batched)
             for kind in kinds:
-                stop, results = context.Event(), context.Queue()
-                sealer = None
-                if batched:
-                    sealer = context.Process(target=_sealer, args=(url, args.interval, stop, results), daemon=True)
-                    sealer.start()
-                result = ledger.run_processes(kind, args.clients, args.seconds, url=url, dbos_url="",
-                                              recordings=[])
-                sealed = batches = 0
-                sealer_cpu = 0.0
-                if sealer is not None:
-                    stop.set()
-                    sealed, batches, sealer_cpu = results.get(timeout=300)
-                    sealer.join(timeout=60)
+                result = ledger.run_processes(kind, args.clients, args.seconds, url=url, dbos_url="", recordings=[],
+                                              seal_every=args.interval if batched else None)
+                sealed, per_op = result.sealed, result.sealer_ms_per_op
                 whole = verify()
-                per_op = sealer_cpu * 1000 / result.ops if result.ops else 0.0
-                rows.append((run, mode, kind, result, per_op, sealed, batches, whole))
+                rows.append((run, mode, kind, result, per_op, sealed, whole))
                 print(f"run {run} {mode:20} {kind:32} {result.ops_per_s:7.1f}/s  p50 {result.p50_ms:6.2f}  "
                       f"p99 {result.p99_ms:6.2f} ms  client CPU {result.cpu_ms_per_op:.2f} ms/op  "
-                      f"sealer CPU {per_op:.2f} ms/op ({sealed} rows, {batches} batches)  chains {whole}",
+                      f"sealer CPU {per_op:.2f} ms/op ({sealed} rows)  chains {whole}",
                       flush=True)
                 time.sleep(1.0)
-    set_mode(url, False)
+    set_mode(url, at_commit=False)
 
     print(f"\n{args.clients} client processes, medians of {args.runs} runs (ops/s; the sealer's CPU per lifecycle)")
     for kind in kinds:
         cells = []
-        for mode in ("at commit", f"batched every {args.interval:g} s"):
+        for mode in ("at commit", f"after commit, every {args.interval:g} s"):
             rates = sorted(r[3].ops_per_s for r in rows if r[1] == mode and r[2] == kind)
             sealer = sorted(r[4] for r in rows if r[1] == mode and r[2] == kind)
             cells.append(f"{mode}: {rates[len(rates) // 2]:7.1f}/s (+{sealer[len(sealer) // 2]:.2f} ms sealer)")
         print(f"  {kind:32} " + "   ".join(cells))
-    print("chains after every measurement:", "whole" if all(r[7] == "whole" for r in rows) else "BROKEN")
+    print("chains after every measurement:", "whole" if all(r[6] == "whole" for r in rows) else "BROKEN")
     return 0
 
 

@@ -130,10 +130,10 @@ class AgentPrincipal(models.Model):
 
 
 class EventChainHead(models.Model):
-    """The last link of one hash chain of the event log. The sealing trigger locks it in the
-    writer's transaction (at commit on PostgreSQL), so concurrent writers to one chain take turns
-    and each event names the one sealed before it. `chain` is "tenant:<id>" or "none"; written
-    only by the trigger."""
+    """The last link of one hash chain of the event log. The sealing locks it (on PostgreSQL the
+    sealer, after the writers' commits; on SQLite the insert trigger), so sealings of one chain
+    take turns and each event names the one sealed before it. `chain` is "tenant:<id>" or
+    "none"; written only by the sealing."""
 
     chain = models.CharField(max_length=40, primary_key=True)
     seq = models.BigIntegerField(default=0)
@@ -185,9 +185,10 @@ class Event(models.Model):
     reason = models.TextField(blank=True)
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-    # The hash chain (console/lib/audit.py): `content_hash` is written with the row; a database
-    # trigger fills the rest when it seals the row into its tenant's chain (or the chain of events
-    # with no tenant): `chain_seq` counts from 1, `prev_hash` is the previous row's `hash`.
+    # The hash chain (console/lib/audit.py): `content_hash` is written with the row; the sealing
+    # (PostgreSQL: the sealer, after commit; SQLite: a trigger) fills the rest when it links the row
+    # into its tenant's chain (or the chain of events with no tenant): `chain_seq` counts from 1,
+    # `prev_hash` is the previous row's `hash`.
     content_hash = models.CharField(max_length=64, blank=True)
     chain_seq = models.BigIntegerField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64, blank=True)
@@ -199,6 +200,8 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["entity", "entity_id", "id"], name="event_entity_idx"),
             models.Index(fields=["tenant", "id"], name="event_tenant_idx"),
+            # The rows the sealer has still to link (console.lib.audit.seal_pending): a few at a time.
+            models.Index(fields=["id"], condition=models.Q(chain_seq__isnull=True), name="event_unsealed"),
         ]
         constraints = [
             # A sealing that skipped the chain head's lock fails here instead of forking the chain.

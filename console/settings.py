@@ -324,12 +324,17 @@ CELERY_TASK_DEFAULT_QUEUE = "fast"
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_ROUTES = {"ledger.reconcile_operation": {"queue": "slow"}, "ledger.sweep": {"queue": "fast"}}
 SWEEP_SECONDS = env.float("SWEEP_SECONDS", 2.0, validate=Range(min=0.1))
+# PostgreSQL's writers leave their event rows unsealed; the sealer links them into the tenants'
+# hash chains this often (console.lib.audit.seal_pending). SQLite seals at insert.
+EVENT_SEAL_SECONDS = env.float("EVENT_SEAL_SECONDS", 1.0, validate=Range(min=0.1))
 CELERY_BEAT_SCHEDULE = {
     "ledger-sweep": {"task": "ledger.sweep", "schedule": SWEEP_SECONDS},
     # Deliveries whose broker message was lost are queued again (the table decides, not the broker).
     "approval-notifications": {"task": "approvals.enqueue_due_notifications", "schedule": 10.0},
     "ledger-webhooks": {"task": "ledger.enqueue_due_webhooks", "schedule": 10.0},
 }
+if not IS_SQLITE:
+    CELERY_BEAT_SCHEDULE["event-seal"] = {"task": "console.seal_events", "schedule": EVENT_SEAL_SECONDS}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
 

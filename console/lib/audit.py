@@ -2,14 +2,14 @@
 (`manage.py audit_verify`); docs/security.md documents them for an auditor.
 
 One chain per tenant and one for events with no tenant. The writer computes `content_hash`
-(`event_row`, in Python: every field it writes); the database seals the row: a trigger gives it
-`chain_seq` (1, 2, … in its chain), `prev_hash` (the `hash` of the row sealed before it, "" for
-the first) and `hash` (SHA-256 of `link_bytes`), from the chain's head row (`EventChainHead`),
-which it locks and moves. On PostgreSQL the trigger is a deferred constraint trigger: it runs at
-commit, so a writer holds the head's lock only while it commits, after every other lock it will
-take — a head locked at the first event write and held to commit deadlocks against writers that
-lock the same rows in the other order. Rows are therefore chained in commit order, not id order.
-SQLite serializes writers; its trigger runs at insert.
+(`event_row`, in Python: every field it writes); the row is then sealed: given `chain_seq` (1, 2,
+… in its chain), `prev_hash` (the `hash` of the row sealed before it, "" for the first) and
+`hash` (SHA-256 of `link_bytes`), from the chain's head row (`EventChainHead`), which the sealing
+locks and moves. On PostgreSQL the sealer (`seal_pending`) does it after the writer's commit, a
+batch of rows per transaction: sealing at each writer's commit held the head's lock through the
+commit's WAL flush, so a tenant's writing commits went one at a time. Rows are therefore chained
+in the order the sealer finds them committed, not id order. SQLite serializes writers; its
+trigger seals each row at insert.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 
 from console.models import Event, EventChainHead
@@ -100,13 +101,11 @@ def _pages(events: QuerySet[Event], chunk_size: int) -> Iterator[Event]:
 def verify_chain(tenant_id: int | None, *, chunk_size: int = VERIFY_CHUNK) -> Break | None:
     """The first broken link of one chain, or None when every row hashes to what it says, each
     names the hash of the one before, the sequence has no gap or repeat and the head agrees.
-    Reads the chain `chunk_size` rows at a time."""
+    Reads the chain `chunk_size` rows at a time. Rows not sealed yet are not in the chain yet:
+    `audit_verify` seals them first."""
     chain = chain_of(tenant_id)
     events = Event.objects.filter(tenant_id=tenant_id) if tenant_id is not None else Event.objects.filter(
         tenant__isnull=True)
-    unchained = events.filter(chain_seq__isnull=True).order_by("id").first()
-    if unchained is not None:
-        return Break(chain, unchained.id, "inserted", "a row the sealing trigger never saw")
     expected_seq, prev = 1, ""
     for row in _pages(events.filter(chain_seq__isnull=False), chunk_size):
         if row.chain_seq < expected_seq:
@@ -139,6 +138,60 @@ def chains(tenant_ids: Iterable[int | None] | None = None) -> list[int | None]:
     found |= {None if h == "none" else int(h.split(":", 1)[1])
               for h in EventChainHead.objects.values_list("chain", flat=True)}
     return sorted(found, key=lambda t: (t is not None, t or 0))
+
+
+# The sealer (PostgreSQL). Only one seals at a time: this key's transaction-level advisory lock.
+SEAL_LOCK = 0x5EA1
+SEAL_BATCH = 5000
+
+
+def seal_pending(*, batch: int = SEAL_BATCH) -> int:
+    """Links every committed row not sealed yet into its chain; returns how many. On PostgreSQL
+    the writers leave their rows unsealed, and this runs after them (`console.seal_events`, every
+    EVENT_SEAL_SECONDS, and `audit_verify` first): one transaction per `batch` rows, the heads
+    moved once per batch, so no writer's commit waits for another's. On SQLite the insert trigger
+    has sealed every row already (its writers are serialized anyway): nothing to do."""
+    if connection.vendor != "postgresql":
+        return 0
+    sealed = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEAL_LOCK])
+            # Read after the lock: what a sealer before this one sealed is not read again.
+            cursor.execute("SELECT id, tenant_id, content_hash FROM ledger_event WHERE chain_seq IS NULL "
+                           "ORDER BY id LIMIT %s", [batch])
+            rows = cursor.fetchall()
+            if not rows:
+                return sealed
+            _seal(cursor, rows)
+        sealed += len(rows)
+        if len(rows) < batch:
+            return sealed
+
+
+def _seal(cursor, rows: list[tuple[int, int | None, str]]) -> None:
+    """Chains `rows` (id order) after their chains' heads: the heads locked in the chains' order,
+    the rows updated from one VALUES list (the append-only trigger lets this one update through:
+    the chain columns of a row not sealed yet)."""
+    by_chain: dict[str, list[tuple[int, str]]] = {}
+    for event_id, tenant_id, content in rows:
+        by_chain.setdefault(chain_of(tenant_id), []).append((event_id, content))
+    links: list[Any] = []
+    for chain in sorted(by_chain):
+        cursor.execute("INSERT INTO console_eventchainhead (chain, seq, hash) VALUES (%s, 0, '') "
+                       "ON CONFLICT (chain) DO UPDATE SET seq = console_eventchainhead.seq RETURNING seq, hash",
+                       [chain])
+        seq, prev = cursor.fetchone()
+        for event_id, content in by_chain[chain]:
+            seq += 1
+            link = hashlib.sha256(link_bytes(chain=chain, seq=seq, event_id=event_id, prev_hash=prev,
+                                             content=content)).hexdigest()
+            links += [event_id, seq, prev, link]
+            prev = link
+        cursor.execute("UPDATE console_eventchainhead SET seq = %s, hash = %s WHERE chain = %s", [seq, prev, chain])
+    values = ", ".join(["(%s::bigint, %s::bigint, %s, %s)"] * (len(links) // 4))
+    cursor.execute(f"UPDATE ledger_event e SET chain_seq = v.seq, prev_hash = v.prev, hash = v.link "
+                   f"FROM (VALUES {values}) AS v(id, seq, prev, link) WHERE e.id = v.id", links)
 
 
 # Signed approval decisions: a receipt an auditor can check offline with the exported key.

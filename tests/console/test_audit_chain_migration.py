@@ -1,6 +1,7 @@
 """The hash-chain migration on PostgreSQL: events written before it (the schema of
 console 0005) are chained by it, per tenant in id order, and `audit_verify` finds every chain
-whole; events written after it are sealed onto the same chains by the trigger."""
+whole; events written after it are sealed onto the same chains (by the sealer, since 0011).
+And 0011 reversed: the rows left for the sealer are sealed before sealing at commit comes back."""
 
 from __future__ import annotations
 
@@ -65,9 +66,33 @@ def test_events_written_before_the_chains_are_chained_by_the_migration_and_verif
     assert EventChainHead.objects.get(chain=f"tenant:{tenant.pk}").hash == old[2].hash
 
     record_event(entity="task", entity_id="new", tenant_id=tenant.pk, kind=Event.Kind.CREATED,
-                 to_status="running", actor="agent:new")  # sealed at its commit (autocommit)
+                 to_status="running", actor="agent:new")
+    assert audit.seal_pending() == 1
     new = Event.objects.get(entity_id="new")
 
     assert (new.chain_seq, new.prev_hash) == (4, old[2].hash)
     assert audit.verify_chain(tenant.pk) is None
     assert verify()[0] == 0
+
+
+SEALED_AT_COMMIT = ("console", "0010_tenant_time_zone")
+
+
+def test_migrating_back_to_sealing_at_commit_seals_what_the_sealer_had_left(tenant):
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    record_event(entity="task", entity_id="left", tenant_id=tenant.pk, kind=Event.Kind.CREATED,
+                 to_status="running", actor="agent:a")
+    assert Event.objects.get(entity_id="left").chain_seq is None
+    try:
+        migrate([SEALED_AT_COMMIT])
+        assert Event.objects.get(entity_id="left").chain_seq == 1
+        record_event(entity="task", entity_id="at-commit", tenant_id=tenant.pk, kind=Event.Kind.CREATED,
+                     to_status="running", actor="agent:a")
+        assert Event.objects.get(entity_id="at-commit").chain_seq == 2  # the trigger is back
+    finally:
+        migrate(latest)
+    record_event(entity="task", entity_id="after", tenant_id=tenant.pk, kind=Event.Kind.CREATED,
+                 to_status="running", actor="agent:a")
+    assert Event.objects.get(entity_id="after").chain_seq is None  # and gone again
+    assert audit.seal_pending() == 1
+    assert audit.verify_chain(tenant.pk) is None
