@@ -150,33 +150,34 @@ def seal_pending(*, batch: int = SEAL_BATCH) -> int:
     the writers leave their rows unsealed, and this runs after them (`console.seal_events`, every
     EVENT_SEAL_SECONDS, and `audit_verify` first): one transaction per `batch` rows, the heads
     moved once per batch, so no writer's commit waits for another's. On SQLite the insert trigger
-    has sealed every row already (its writers are serialized anyway): nothing to do."""
-    if connection.vendor != "postgresql":
-        return 0
+    seals every row the application writes (its writers are serialized anyway); only a row
+    written around the trigger is left for this."""
+    postgres = connection.vendor == "postgresql"
     sealed = 0
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEAL_LOCK])
+            if postgres:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEAL_LOCK])
             # Read after the lock: what a sealer before this one sealed is not read again.
             cursor.execute("SELECT id, tenant_id, content_hash FROM ledger_event WHERE chain_seq IS NULL "
                            "ORDER BY id LIMIT %s", [batch])
             rows = cursor.fetchall()
             if not rows:
                 return sealed
-            _seal(cursor, rows)
+            _seal(cursor, rows, postgres=postgres)
         sealed += len(rows)
         if len(rows) < batch:
             return sealed
 
 
-def _seal(cursor, rows: list[tuple[int, int | None, str]]) -> None:
+def _seal(cursor, rows: list[tuple[int, int | None, str]], *, postgres: bool) -> None:
     """Chains `rows` (id order) after their chains' heads: the heads locked in the chains' order,
-    the rows updated from one VALUES list (the append-only trigger lets this one update through:
-    the chain columns of a row not sealed yet)."""
+    the rows updated from one VALUES list on PostgreSQL (the append-only trigger lets this one
+    update through: the chain columns of a row not sealed yet), one by one on SQLite."""
     by_chain: dict[str, list[tuple[int, str]]] = {}
     for event_id, tenant_id, content in rows:
         by_chain.setdefault(chain_of(tenant_id), []).append((event_id, content))
-    links: list[Any] = []
+    links: list[tuple[int, int, str, str]] = []  # (id, chain_seq, prev_hash, hash)
     for chain in sorted(by_chain):
         cursor.execute("INSERT INTO console_eventchainhead (chain, seq, hash) VALUES (%s, 0, '') "
                        "ON CONFLICT (chain) DO UPDATE SET seq = console_eventchainhead.seq RETURNING seq, hash",
@@ -186,12 +187,17 @@ def _seal(cursor, rows: list[tuple[int, int | None, str]]) -> None:
             seq += 1
             link = hashlib.sha256(link_bytes(chain=chain, seq=seq, event_id=event_id, prev_hash=prev,
                                              content=content)).hexdigest()
-            links += [event_id, seq, prev, link]
+            links.append((event_id, seq, prev, link))
             prev = link
         cursor.execute("UPDATE console_eventchainhead SET seq = %s, hash = %s WHERE chain = %s", [seq, prev, chain])
-    values = ", ".join(["(%s::bigint, %s::bigint, %s, %s)"] * (len(links) // 4))
+    if not postgres:
+        cursor.executemany("UPDATE ledger_event SET chain_seq = %s, prev_hash = %s, hash = %s WHERE id = %s",
+                           [(seq, prev, link, event_id) for event_id, seq, prev, link in links])
+        return
+    values = ", ".join(["(%s::bigint, %s::bigint, %s, %s)"] * len(links))
     cursor.execute(f"UPDATE ledger_event e SET chain_seq = v.seq, prev_hash = v.prev, hash = v.link "
-                   f"FROM (VALUES {values}) AS v(id, seq, prev, link) WHERE e.id = v.id", links)
+                   f"FROM (VALUES {values}) AS v(id, seq, prev, link) WHERE e.id = v.id",
+                   [part for link in links for part in link])
 
 
 # Signed approval decisions: a receipt an auditor can check offline with the exported key.
