@@ -242,9 +242,10 @@ def process_client_factory(kind: str, url: str, dbos_url: str, recordings: list[
     raise ValueError(kind)
 
 
-def _sealer_process(url: str, interval: float, barrier, stop, results) -> None:
+def _sealer_process(url: str, interval: float, barrier, stop, clients_done, results) -> None:
     """The event log's sealer as beat runs it (`console.seal_events`): `audit.seal_pending`
-    every `interval` seconds during the measurement, then the rest; reports its rows and CPU."""
+    every `interval` seconds during the measurement, then, once every client has finished its
+    last lifecycle, the rest; reports its rows and CPU."""
     setup_django(url)
     from console.lib import audit
 
@@ -254,6 +255,7 @@ def _sealer_process(url: str, interval: float, barrier, stop, results) -> None:
     while not stop.wait(interval):
         sealed += audit.seal_pending()
     times1 = os.times()
+    clients_done.wait(300)
     sealed += audit.seal_pending()
     results.put((sealed, (times1.user - times0.user) + (times1.system - times0.system)))
 
@@ -267,13 +269,13 @@ def run_processes(name: str, clients: int, seconds: float, *, url: str, dbos_url
 
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(clients + 1 + (seal_every is not None))
-    stop = context.Event()
+    stop, clients_done = context.Event(), context.Event()
     results, sealer_results = context.Queue(), context.Queue()
     children = [context.Process(target=_process_client, args=(name, i, url, dbos_url, barrier, stop, results),
                                 name=f"{name}-{i}", daemon=True) for i in range(clients)]
     if seal_every is not None:
-        children.append(context.Process(target=_sealer_process, args=(url, seal_every, barrier, stop, sealer_results),
-                                        name="sealer", daemon=True))
+        children.append(context.Process(target=_sealer_process, name="sealer", daemon=True,
+                                        args=(url, seal_every, barrier, stop, clients_done, sealer_results)))
     for child in children:
         child.start()
     try:
@@ -286,6 +288,7 @@ def run_processes(name: str, clients: int, seconds: float, *, url: str, dbos_url
     stop.set()
     reports = [results.get(timeout=300) for _ in range(clients)]
     elapsed = time.perf_counter() - started
+    clients_done.set()
     sealed, sealer_cpu = sealer_results.get(timeout=300) if seal_every is not None else (0, 0.0)
     for child in children:
         child.join(timeout=60)
