@@ -115,9 +115,21 @@ def moved_in(message: dict) -> Moved | None:
 
 
 def _send_in_thread(moved: Moved | None) -> None:
+    # A thread that runs an event loop of its own cannot block on a send; the datagram that
+    # follows rings the embedded server there, whichever process holds its socket.
+    if _loop_running_here():
+        return
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)(DOORBELL_GROUP, ring_message(moved))
+
+
+def _loop_running_here() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class _Ringer:

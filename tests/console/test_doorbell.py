@@ -324,6 +324,25 @@ def test_outside_the_server_a_commit_rings_the_embedded_server_by_datagram(embed
     assert not doorbell.embedded_doorbell_path().exists()  # removed when the server stops
 
 
+def test_a_commit_in_a_thread_that_runs_an_event_loop_still_rings_the_embedded_server(embedded, monkeypatch, caplog):
+    # A process that imported the server's module (SERVING) but commits in a thread that runs an
+    # event loop of its own (a sync call from async code, a browser test's driver): the in-process
+    # send cannot run there, and the datagram must go anyway.
+    monkeypatch.setattr(doorbell, "SERVING", True)
+    layer = InMemoryChannelLayer()
+    monkeypatch.setattr(doorbell, "get_channel_layer", lambda: layer)
+
+    async def hear_one() -> dict:
+        async with doorbell.embedded_doorbell():
+            channel = await layer.new_channel()
+            await layer.group_add(doorbell.DOORBELL_GROUP, channel)
+            doorbell._ring()  # in this thread, whose loop is running
+            return await layer.receive(channel)
+
+    assert asyncio.run(asyncio.wait_for(hear_one(), TIMEOUT)) == {"type": "events.committed"}
+    assert "doorbell failed" not in caplog.text
+
+
 def test_with_no_server_listening_the_ring_is_dropped_quietly(embedded, caplog):
     doorbell._ring()
     path = doorbell.embedded_doorbell_path()
