@@ -12,8 +12,9 @@ path, which this copies hop for hop:
 
 and, for a call the product dispatches in the request (ledger/request_dispatch.py), `POST
 /call-here`: the server itself commits the call already claimed (one statement, as the product
-inserts it `dispatched` in the proposal's write), calls the provider, commits the receipt and answers — no broker, no
-worker, no ring.
+inserts it `dispatched` in the proposal's write), calls the provider, commits the receipt and
+answers — no broker, no worker, no ring. `POST /refund-here` does the same with a write for its
+provider call (the refund of bench/system.py, keyed by its order): the whole system's floor.
 
 Here the server is a bare ASGI callable under the same uvicorn (uvloop, httptools; one process,
 as `make run` starts one), writing with async psycopg from a pool and waiting on one Redis
@@ -117,10 +118,30 @@ class Server:
         (the product inserts it `dispatched`), the provider read, the receipt (two commits), in
         this process."""
         order_id = json.loads(body)["order_id"]
+
+        async def read() -> str:
+            return (await self.provider.get(f"/orders/{order_id}")).text
+
+        return await self._here(order_id, read)
+
+    async def refund_here(self, body: bytes) -> bytes:
+        """`call_here` with a write for its provider call: the body POSTed as a refund with the
+        order as its idempotency key, as bench/system.py's agents propose it."""
+        refund = json.loads(body)
+
+        async def pay() -> str:
+            response = await self.provider.post("/refunds", json=refund,
+                                                headers={"Idempotency-Key": refund["order_id"]})
+            response.raise_for_status()
+            return response.text
+
+        return await self._here(refund["order_id"], pay)
+
+    async def _here(self, order_id: str, provide) -> bytes:
         async with self.pool.connection() as conn:
             row = await (await conn.execute(f"INSERT INTO {TABLE} (order_id, status) VALUES (%s, 'dispatched') "
                                             "RETURNING id", [order_id])).fetchone()
-        result = (await self.provider.get(f"/orders/{order_id}")).text
+        result = await provide()
         async with self.pool.connection() as conn:
             await conn.execute(f"UPDATE {TABLE} SET status = 'confirmed', result = %s WHERE id = %s",
                                [result, row[0]])  # the receipt
@@ -145,7 +166,8 @@ class Server:
         if scope["method"] != "POST":
             answer = b"{}"
         else:
-            answer = await (self.call_here(body) if scope["path"] == "/call-here" else self.call(body))
+            handle = {"/call-here": self.call_here, "/refund-here": self.refund_here}.get(scope["path"], self.call)
+            answer = await handle(body)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": answer})

@@ -6,6 +6,7 @@ request (`/call-here`) commits the call already claimed, then its receipt, aroun
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
@@ -54,3 +55,25 @@ def test_a_call_dispatched_in_the_floors_request_commits_every_step_and_carries_
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT status, result FROM {TABLE} WHERE order_id = 'ord-floor-here'")
         assert cursor.fetchall() == [("confirmed", answer["result"])]
+
+
+def test_a_refund_dispatched_in_the_floors_request_pays_once_and_commits_its_receipt(payments_sandbox):
+    # The whole-system bench's floor (bench/system.py): the write an agent's call stands for, with
+    # the order as its idempotency key, so the sandbox's effect count checks it as the product's.
+    from sandbox.client import effects
+
+    pipeline = Pipeline(database_url(), os.environ["CELERY_BROKER_URL"], payments_sandbox.base_url).start()
+    try:
+        answer = httpx.post(f"{pipeline.url}/refund-here",
+                            json={"order_id": "ord-floor-refund", "amount": 1.0, "currency": "EUR", "reason": "bench"},
+                            timeout=30).json()
+    finally:
+        pipeline.stop()
+
+    assert answer["status"] == "confirmed"
+    paid = effects(payments_sandbox.base_url, key="ord-floor-refund", timeout=10)
+    assert len(paid) == 1
+    assert json.loads(answer["result"])["id"] == paid[0]["payload"]["id"]  # the provider's answer, carried back
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT status FROM {TABLE} WHERE order_id = 'ord-floor-refund'")
+        assert cursor.fetchall() == [("confirmed",)]
