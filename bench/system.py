@@ -11,8 +11,15 @@ same run, DBOS doing the same provider call in a workflow step with as many proc
 Countersign: each agent is a spawned process with its own task; it proposes `bench.refund` (the
 payments sandbox's refund adapter, L0 write, native idempotency: the gate runs it at once) with
 `POST /api/v1/tasks/{id}/calls?wait=10` (as the Python client: the proposal answers once the call
-is final), and long-polls `GET /api/v1/calls/{id}?until=final` only while the call is still open. Agents are spread over the servers; the servers run with production settings as
-`make cluster` starts them; the workers consume the fast queue.
+is final), and long-polls `GET /api/v1/calls/{id}?until=final` only while the call is still open.
+Agents are spread over the servers; the servers run with production settings as `make cluster`
+starts them; the workers consume the fast queue, and one beat schedules what production's does
+(the event log's sealer every second among it).
+
+The floor: the same agents POST the refund to `bench/pipeline_floor.py`'s bare ASGI server under
+the same uvicorn (`/refund-here`: the call committed already claimed, the refund POSTed, the
+receipt committed, the answer), with nothing else in it; what Countersign spends above it on the
+same machine, in the same run, is its code's.
 
 DBOS: each process runs a workflow whose one step POSTs the same refund to the same sandbox
 (idempotency key: the workflow ID); its system database on the same PostgreSQL server. And the
@@ -214,6 +221,11 @@ class System:
                                               "-c", str(concurrency), "-l", "warning", "-n",
                                               f"bench{n}-{os.getpid()}@%h"), env=env)
             for n in range(1, workers + 1)
+        ] + [
+            # Production's schedule: the sealer of the event log, the sweep. Its tasks go to the
+            # default (fast) queue, which the workers consume.
+            Child("bench-beat", python("-m", "celery", "-A", "console", "beat", "-l", "warning",
+                                       "-s", str(logs / f"celerybeat-schedule-{os.getpid()}")), env=env),
         ]
         self.logs = logs
         self.pool = pool
@@ -327,6 +339,31 @@ def provider_agent(index: int, payments_url: str, tag: str, barrier, stop, resul
                   headers={"Idempotency-Key": order_id}).raise_for_status()
         ended = time.monotonic()
         return {"order_id": order_id, "status": "confirmed", "latency": ended - started, "ended": ended}
+
+    try:
+        drive(one, barrier, stop, calls)
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        error = f"{type(exc).__name__}: {exc}"
+        barrier.abort()
+    results.put((calls, error))
+
+
+def floor_agent(index: int, floor_url: str, tag: str, barrier, stop, results) -> None:
+    """The floor: the same refund through the bare server's dispatch in the request."""
+    import httpx
+
+    http = httpx.Client(base_url=floor_url, timeout=60)
+    calls: list[dict[str, Any]] = []
+    error = ""
+
+    def one(n: int) -> dict[str, Any]:
+        order_id = f"{tag}-a{index}-{n}"
+        started = time.monotonic()
+        response = http.post("/refund-here", json={"order_id": order_id, **REFUND})
+        response.raise_for_status()
+        ended = time.monotonic()
+        return {"order_id": order_id, "status": response.json()["status"], "latency": ended - started,
+                "ended": ended}
 
     try:
         drive(one, barrier, stop, calls)
@@ -481,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", default="prefork", choices=["prefork", "threads"],
                         help="Celery worker pool (-P); prefork is what `make cluster` runs")
     parser.add_argument("--no-dbos", action="store_true")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the floor (bench/pipeline_floor.py's bare server, the same refund)")
     parser.add_argument("--no-provider", action="store_true",
                         help="skip the provider alone (agents POSTing straight to the sandbox)")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -512,6 +551,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Redis: broker {broker}, layer {env['CHANNEL_LAYER_URL']}; sandbox {payments.base_url}")
     run = secrets.token_hex(3)
     points: list[Point] = []
+    floor = None
+    if not args.no_floor:
+        from bench.pipeline_floor import Pipeline
+
+        floor = Pipeline(url, broker, payments.base_url).start()
     try:
         for servers in ints(args.servers):
             for workers in ints(args.workers):
@@ -525,6 +569,12 @@ def main(argv: list[str] | None = None) -> int:
                         points.append(Point("countersign", servers, workers, agents, seconds, load(), calls, cpu=cpu))
                         print("           ", stages(url, tag), flush=True)
                         measured = [points[-1]]
+                        if floor is not None:
+                            tag = f"fl{run}s{servers}w{workers}n{agents}"
+                            calls, seconds, cpu = run_agents(
+                                floor_agent, lambda i, tag=tag: (i, floor.url, tag), agents, args.seconds,
+                                {"floor-server": floor.procs[-1].pid})
+                            measured.append(Point("floor", servers, workers, agents, seconds, load(), calls, cpu=cpu))
                         if not args.no_dbos:
                             tag = f"db{run}s{servers}w{workers}n{agents}"
                             calls, seconds, _ = run_agents(
@@ -544,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     system.stop()
     finally:
+        if floor is not None:
+            floor.stop()
         payments.stop()
     report(points)
     if args.json:
@@ -565,14 +617,20 @@ def report(points: list[Point]) -> None:
     met = 0
     for cell in cells:
         best = {system: max((p for p in points if (p.servers, p.workers) == cell and p.system == system),
-                            key=lambda p: p.per_s, default=None) for system in ("countersign", "dbos", "provider")}
-        cs, dbos, provider = best["countersign"], best["dbos"], best["provider"]
+                            key=lambda p: p.per_s, default=None)
+                for system in ("countersign", "floor", "dbos", "provider")}
+        cs, floor, dbos, provider = best["countersign"], best["floor"], best["dbos"], best["provider"]
         text = (f"  servers={cell[0]} workers={cell[1]}: countersign {cs.per_s:.1f}/s (agents={cs.agents}, "
                 f"p50 {cs.pct_ms(50):.1f} ms, p99 {cs.pct_ms(99):.1f} ms)")
         if dbos is not None and dbos.per_s:
             ratio = cs.per_s / dbos.per_s
             met += ratio >= TARGET_VS_DBOS
             text += f"; dbos {dbos.per_s:.1f}/s (agents={dbos.agents}, p99 {dbos.pct_ms(99):.1f} ms): ÷ = {ratio:.2f}"
+        if floor is not None and floor.per_s:
+            text += (f"; floor {floor.per_s:.1f}/s (agents={floor.agents}, p99 {floor.pct_ms(99):.1f} ms): "
+                     f"countersign ÷ floor = {cs.per_s / floor.per_s:.2f}")
+            if dbos is not None and dbos.per_s:
+                text += f", floor ÷ dbos = {floor.per_s / dbos.per_s:.2f}"
         if provider is not None:
             text += f"; provider alone {provider.per_s:.1f}/s"
         print(text)
