@@ -326,44 +326,31 @@ def drive(one, barrier, stop, calls: list[dict[str, Any]]) -> None:
 
 def provider_agent(index: int, payments_url: str, tag: str, barrier, stop, results) -> None:
     """The provider alone: the same refund POSTed straight to the sandbox, nothing in between."""
-    import httpx
-
-    http = httpx.Client(base_url=payments_url, timeout=5)
-    calls: list[dict[str, Any]] = []
-    error = ""
-
-    def one(n: int) -> dict[str, Any]:
-        order_id = f"{tag}-a{index}-{n}"
-        started = time.monotonic()
-        http.post("/refunds", json={"order_id": order_id, **REFUND},
-                  headers={"Idempotency-Key": order_id}).raise_for_status()
-        ended = time.monotonic()
-        return {"order_id": order_id, "status": "confirmed", "latency": ended - started, "ended": ended}
-
-    try:
-        drive(one, barrier, stop, calls)
-    except BaseException as exc:  # noqa: BLE001 - reported by the parent
-        error = f"{type(exc).__name__}: {exc}"
-        barrier.abort()
-    results.put((calls, error))
+    _refund_poster(index, payments_url, "/refunds", tag, barrier, stop, results, keyed=True)
 
 
 def floor_agent(index: int, floor_url: str, tag: str, barrier, stop, results) -> None:
-    """The floor: the same refund through the bare server's dispatch in the request."""
+    """The floor: the same refund through the bare server's dispatch in the request (which
+    sends the order as the idempotency key itself)."""
+    _refund_poster(index, floor_url, "/refund-here", tag, barrier, stop, results, keyed=False)
+
+
+def _refund_poster(index: int, base_url: str, path: str, tag: str, barrier, stop, results, *, keyed: bool) -> None:
+    """An agent POSTing the refund to `path` one call after the other; a call confirms when the
+    answer is 2xx. `keyed`: the order goes as the Idempotency-Key header."""
     import httpx
 
-    http = httpx.Client(base_url=floor_url, timeout=60)
+    http = httpx.Client(base_url=base_url, timeout=60)
     calls: list[dict[str, Any]] = []
     error = ""
 
     def one(n: int) -> dict[str, Any]:
         order_id = f"{tag}-a{index}-{n}"
         started = time.monotonic()
-        response = http.post("/refund-here", json={"order_id": order_id, **REFUND})
-        response.raise_for_status()
+        http.post(path, json={"order_id": order_id, **REFUND},
+                  headers={"Idempotency-Key": order_id} if keyed else None).raise_for_status()
         ended = time.monotonic()
-        return {"order_id": order_id, "status": response.json()["status"], "latency": ended - started,
-                "ended": ended}
+        return {"order_id": order_id, "status": "confirmed", "latency": ended - started, "ended": ended}
 
     try:
         drive(one, barrier, stop, calls)
