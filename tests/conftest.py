@@ -10,6 +10,7 @@ from django.test import override_settings
 
 from approvals.defaults import ensure_policy_defaults
 from approvals.models import Tool
+from console.lib.audit import SEAL_LOCK
 from console.models import AgentPrincipal, Membership, Role, Tenant
 from ledger.longpoll import Doorbell
 
@@ -146,15 +147,22 @@ def flush_by_delete_on_postgresql():
     truncate = DatabaseOperations.sql_flush
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
-        triggered = _tables_whose_truncate_fires_triggers(self.connection)
-        if reset_sequences or not tables or triggered is None:
+        if not tables:
             return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        # A stack's beat may be sealing the event log meanwhile: its lock first, or the sealer
+        # (chain heads in the chains' order) and the flush (in the table's) can each hold a head
+        # the other waits for.
+        sealer = f"SELECT pg_advisory_xact_lock({SEAL_LOCK});"
+        triggered = _tables_whose_truncate_fires_triggers(self.connection)
+        if reset_sequences or triggered is None:
+            return [sealer, *truncate(self, style, tables, reset_sequences=reset_sequences,
+                                      allow_cascade=allow_cascade)]
         tables = [table for table in tables if table not in WRITTEN_AGAIN_AFTER_A_FLUSH]
 
         def delete(table: str) -> str:
             return f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(table))};"
 
-        return ["SET LOCAL session_replication_role = replica;", *map(delete, tables),
+        return [sealer, "SET LOCAL session_replication_role = replica;", *map(delete, tables),
                 "SET LOCAL session_replication_role = origin;", *map(delete, sorted(triggered & set(tables)))]
 
     DatabaseOperations.sql_flush = sql_flush

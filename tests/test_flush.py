@@ -71,3 +71,62 @@ def test_after_the_flush_the_event_table_is_append_only_again(api, running_task)
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         Event.objects.bulk_create([Event(**event)])
         Event.objects.filter(pk=event["id"]).delete()
+
+
+def test_the_flush_waits_for_a_sealer_instead_of_deadlocking_with_it():
+    # Found by CI: a stack's beat ran the event log's sealer while a test's teardown flushed. The
+    # sealer locks the chain heads in the chains' order; the flush deleted them in the table's
+    # order: each waited for a head the other held, and PostgreSQL killed one.
+    import threading
+
+    from django.db import connections
+
+    from console.lib.audit import SEAL_LOCK
+    from console.lib.procs import wait_until
+    from console.models import EventChainHead
+
+    EventChainHead.objects.create(chain="tenant:2")  # first in the table, second in the chains' order
+    EventChainHead.objects.create(chain="tenant:1")
+    first_locked, flush_waits = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def sealer() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEAL_LOCK])
+                lock_head = "SELECT chain FROM console_eventchainhead WHERE chain = %s FOR UPDATE"
+                cursor.execute(lock_head, ["tenant:1"])
+                first_locked.set()
+                flush_waits.wait(30)
+                cursor.execute(lock_head, ["tenant:2"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    def flusher() -> None:
+        try:
+            flush_as_after_a_test()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=sealer)]
+    threads[0].start()
+    assert first_locked.wait(30)
+    threads.append(threading.Thread(target=flusher))
+    threads[1].start()
+
+    def flush_is_waiting() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+            return cursor.fetchone()[0] > 0
+
+    wait_until(flush_is_waiting, timeout=30, what="the flush waiting for the sealer")
+    flush_waits.set()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    assert not EventChainHead.objects.exists()
