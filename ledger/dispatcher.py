@@ -35,6 +35,7 @@ from ledger import decisions, services, tasks
 from ledger.adapters import adapter_for
 from ledger.adapters.base import ABSENT, FOUND, Outcome, known_success, not_sent, unknown
 from ledger.models import Attempt, Fact, Operation, OperationStatus, ToolCircuit
+from ledger.queries import BUSINESS_KEY_BUSY_SQL as _BUSINESS_KEY_BUSY_SQL
 from ledger.queries import STILL_MINE_SQL as _STILL_MINE_SQL
 from ledger.queries import claim_sql as _claim_sql
 from ledger.retry import backoff_delay, circuit_still_open, retry_budget_left
@@ -181,9 +182,10 @@ def _load_guards(operation: Operation, *, circuit_until, in_flight: int, now) ->
     if operation.business_key:
         lock_name(f"business:{tool.name}:{operation.business_key}")
         # An operation in doubt (unknown) may still have happened: it blocks its business key too.
-        busy = Operation.objects.filter(tool=tool, business_key=operation.business_key,
-                                        status__in=[OperationStatus.DISPATCHED, OperationStatus.UNKNOWN])
-        if busy.exclude(pk=operation.pk).exists():
+        busy = sql.fetchone(sql.connection_for(Operation), _BUSINESS_KEY_BUSY_SQL,
+                            [tool.pk, operation.business_key, OperationStatus.DISPATCHED, OperationStatus.UNKNOWN,
+                             operation.pk])
+        if busy is not None:
             return Deferred("business_key_busy", 0.5, tool.queue)
     if in_flight >= settings.TENANT_MAX_IN_FLIGHT:
         return Deferred("tenant_limit", 0.5, tool.queue)

@@ -83,6 +83,15 @@ STILL_MINE_SQL = (f"SELECT 1 FROM {sql.table(Operation)} "
                   f"AND {_col(Operation, 'fencing_token')} = %s")
 
 
+# Another operation of the tool on the same business object (one order's refunds) in flight:
+# dispatched, or unknown (in doubt, it may have happened). Parameters: the tool, the business
+# key, the two statuses, the operation itself (never busy because of itself).
+BUSINESS_KEY_BUSY_SQL = (f"SELECT 1 FROM {sql.table(Operation)} "
+                         f"WHERE {_col(Operation, 'tool')} = %s AND {_col(Operation, 'business_key')} = %s "
+                         f"AND ({_col(Operation, 'status')} = %s OR {_col(Operation, 'status')} = %s) "
+                         f"AND NOT ({_col(Operation, 'pk')} = %s) LIMIT 1")
+
+
 # Does the agent take webhooks (a URL, not disabled)? Asked by every move that makes a webhook
 # event: inside its transaction, or (the dispatcher's receipt) as the `unless` of its one
 # statement. Parameter: the agent's id.
@@ -200,6 +209,10 @@ SHAPES = {
                 "c": ToolCircuit, "g": PolicyGeneration},
         params=((Operation, "status"), (Operation, "operation_id")),
         loads=(Operation, Tool, Task, AgentPrincipal, Tenant, ToolCircuit), scalars=3),
+    "BUSINESS_KEY_BUSY_SQL": sql.Shape(
+        tables={"": Operation},
+        params=((Operation, "tool"), (Operation, "business_key"), (Operation, "status"), (Operation, "status"),
+                (Operation, "operation_id")), scalars=1),
     "STILL_MINE_SQL": sql.Shape(
         tables={"": Operation},
         params=((Operation, "operation_id"), (Operation, "status"), (Operation, "fencing_token")), scalars=1),

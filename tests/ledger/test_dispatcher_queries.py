@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.db.models.sql.compiler import SQLCompiler
+from django.utils import timezone
 
 from ledger import dispatcher
 from ledger.models import Attempt, Operation, OperationStatus
@@ -146,3 +148,50 @@ def test_a_receipt_for_an_agent_with_a_webhook_writes_its_call_final_event_with_
     assert (event.kind, event.operation_status) == ("call.final", S.CONFIRMED)
     assert enqueued_webhooks == [event.pk]
     assert reload(operation).status == S.CONFIRMED
+
+
+def _compiled_during(monkeypatch, run) -> list[str]:
+    """The ORM queries compiled while `run` runs (their SQL)."""
+    compiled: list[str] = []
+    as_sql = SQLCompiler.as_sql
+
+    def recording(self, *args, **kwargs):
+        result = as_sql(self, *args, **kwargs)
+        compiled.append(result[0])
+        return result
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", recording)
+    run()
+    return compiled
+
+
+def test_a_claim_with_a_business_key_compiles_no_orm_query(run_at_once, monkeypatch):
+    """Every call with a business key (a refund's order) takes its lock and checks that no
+    other operation on it is in flight: statements written once, not a queryset compiled per
+    claim (the compile cost more of a dispatch's CPU than the round trip)."""
+    operation = run_at_once()
+    assert operation.business_key
+
+    compiled = _compiled_during(monkeypatch, lambda: dispatcher._claim(operation.operation_id, worker="test"))
+
+    assert compiled == []
+    assert reload(operation).status == S.DISPATCHED
+
+
+def test_the_business_key_check_sees_only_that_tools_operations_in_flight(agent, tools, unique):
+    """The busy check's scope: the same tool and business key, dispatched or in doubt, not the
+    operation itself; a settled one (confirmed, failed) leaves the key free."""
+    order = unique("ord")
+    operation = authorized_refund(agent, order)
+    Operation.objects.filter(pk=operation.pk).update(needs_approval=False)
+    other = authorized_refund(agent, order, amount=5)
+    guards = dispatcher._load_guards
+    for status, expected in ((S.CONFIRMED, None), (S.FAILED, None), (S.UNKNOWN, "business_key_busy"),
+                             (S.DISPATCHED, "business_key_busy")):
+        Operation.objects.filter(pk=other.pk).update(status=status)
+        deferred = guards(reload(operation), circuit_until=None, in_flight=0, now=timezone.now())
+        assert (deferred.reason if deferred else None) == expected, status
+    # Itself dispatched (a worker's retry of its own claim): not busy because of itself.
+    Operation.objects.filter(pk=other.pk).update(status=S.CONFIRMED)
+    Operation.objects.filter(pk=operation.pk).update(status=S.DISPATCHED)
+    assert guards(reload(operation), circuit_until=None, in_flight=0, now=timezone.now()) is None
