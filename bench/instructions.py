@@ -25,6 +25,10 @@ instead: `POST /api/v1/tasks/{id}/calls?wait=10` sent straight into `console.asg
 (the server's whole Django side: kept request threads, handler, middleware, the agent API, the
 proposal, its dispatch in the request, the answer; not uvicorn's HTTP parsing), on an event loop
 in the process, as uvicorn would call it; the in-memory channel layer takes the rings.
+
+With `--business-key` the tool names a business object (the `step` argument, a new one per
+call), as a refund names its order: each dispatch then also takes the object's lock and checks
+that no other operation on it is in flight. Without it the tool has none.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WARM_UP = 20
 
 
-def child(root: str, lifecycles: int, prepare: bool, target: str) -> None:
+def child(root: str, lifecycles: int, prepare: bool, target: str, business_key: bool) -> None:
     """In the measured process: this tree's modules first, then the lifecycles."""
     sys.path.insert(0, root)
     os.chdir(root)
@@ -54,6 +58,10 @@ def child(root: str, lifecycles: int, prepare: bool, target: str) -> None:
         ledger.ensure_database(url)
         ledger.setup_django(url)
         ledger.ensure_fixtures()
+        from approvals.models import Tool
+
+        # Set both ways: the database outlives a run, and the fixtures leave this field alone.
+        Tool.objects.filter(name=ledger.TOOL).update(business_key="step" if business_key else "")
         return
     if target == "request":
         requests(ledger, url, lifecycles)
@@ -89,7 +97,7 @@ def requests(ledger, url: str, lifecycles: int) -> None:
     path = f"/api/v1/tasks/{run.task_id}/calls"
 
     async def post(n: int) -> None:
-        body = json.dumps({"call_id": f"r{n}", "step_id": f"r{n}", "tool": ledger.TOOL, "arguments": {"n": n},
+        body = json.dumps({"call_id": f"r{n}", "step_id": f"r{n}", "tool": ledger.TOOL, "arguments": {"n": n, "step": f"r{n}"},
                            "expected_version": run.version, "fencing_token": run.fencing_token}).encode()
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
                  "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"wait=10",
@@ -135,8 +143,9 @@ def counted(root: Path, url: str, lifecycles: int, target: str) -> int:
     return int(found.group(1))
 
 
-def per_lifecycle(root: Path, url: str, lifecycles: int, target: str) -> float:
-    subprocess.run([sys.executable, str(Path(__file__)), "--child", str(root), "--prepare"],
+def per_lifecycle(root: Path, url: str, lifecycles: int, target: str, business_key: bool) -> float:
+    subprocess.run([sys.executable, str(Path(__file__)), "--child", str(root), "--prepare",
+                    *(["--business-key"] if business_key else [])],
                    env={**os.environ, "DATABASE_URL": url}, check=True)
     counts: dict[int, int] = {}
 
@@ -159,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help="a commit to measure beside this tree")
     parser.add_argument("--target", choices=("lifecycle", "request"), default="lifecycle",
                         help="the services' lifecycle, or the web server's request for a waiting agent's call")
+    parser.add_argument("--business-key", action="store_true",
+                        help="the tool names a business object per call, as a refund names its order")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.lifecycles, args.prepare, args.target)
+        child(args.child, args.lifecycles, args.prepare, args.target, args.business_key)
         return 0
 
     url = os.environ.get("DATABASE_URL", "")
@@ -175,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.ledger import database_name, with_database
 
     unit = "lifecycle" if args.target == "lifecycle" else "request"
-    this = per_lifecycle(ROOT, url, args.lifecycles, args.target)
+    this = per_lifecycle(ROOT, url, args.lifecycles, args.target, args.business_key)
     print(f"this tree: {this / 1e6:.3f} M instructions per {unit} ({args.lifecycles} {unit}s)")
     if args.baseline:
         with tempfile.TemporaryDirectory(prefix="cs-baseline-") as folder:
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                            check=True, capture_output=True)
             try:
                 before = per_lifecycle(tree, with_database(url, database_name(url) + "_baseline"), args.lifecycles,
-                                       args.target)
+                                       args.target, args.business_key)
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
         print(f"baseline {args.baseline}: {before / 1e6:.3f} M instructions per {unit}")
