@@ -11,6 +11,8 @@ from console import metrics_endpoint, views
 from runs.otlp import otlp_traces
 
 urlpatterns = [
+    # First: every agent call resolves its URL, and no other prefix overlaps the API's.
+    path("api/v1/", include("console.api_urls")),
     path("", views.home, name="home"),
     path("dashboard/", views.dashboard, name="dashboard"),
     path("approvals/", include("approvals.urls")),
@@ -27,7 +29,6 @@ urlpatterns = [
     # in style-src would make browsers ignore 'unsafe-inline'); scripts still need 'self'.
     path("api/docs/", csp_replace({"style-src": [SELF, UNSAFE_INLINE]})(
         SpectacularRedocView.as_view(url_name="api-schema")), name="api-docs"),
-    path("api/v1/", include("console.api_urls")),
     path("v1/traces", otlp_traces, name="otlp-traces"),
     path("metrics", metrics_endpoint.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
