@@ -26,7 +26,7 @@ from approvals.catalog import Catalog
 from approvals.catalog import current as current_catalog
 from approvals.models import EscalationRule, PolicyTier, Tool
 from approvals.stops import active_stop
-from console.lib.canonical import arguments_hash
+from console.lib.canonical import canonical_json, digest
 from console.lib.errors import InvalidInput, NotPermitted
 from console.models import AgentPrincipal
 from runs import services as run_services
@@ -154,17 +154,22 @@ def _policy_verdict(*, task: Task, tool: Tool, arguments: dict[str, Any], args_h
 
 # --- 1. schema ------------------------------------------------------------------------------
 
-def canonical_arguments_hash(arguments: Any) -> str:
-    """The canonical (RFC 8785) hash, or InvalidInput for what JSON cannot say exactly
-    (integers beyond 2^53, NaN, non-string keys)."""
+def canonical_arguments(arguments: Any) -> bytes:
+    """The arguments' canonical (RFC 8785) JSON, or InvalidInput for what JSON cannot say
+    exactly (integers beyond 2^53, NaN, non-string keys)."""
     if not isinstance(arguments, dict):
         raise InvalidInput("arguments must be a JSON object.", details={"arguments": type(arguments).__name__})
     try:
-        return arguments_hash(arguments)
+        return canonical_json(arguments)
     except (ValueError, TypeError) as exc:  # rfc8785.CanonicalizationError is a ValueError
         raise InvalidInput(
             "The arguments cannot be canonicalized (RFC 8785).", details={"arguments": str(exc)}
         ) from exc
+
+
+def canonical_arguments_hash(arguments: Any) -> str:
+    """The hash of `canonical_arguments`."""
+    return digest(canonical_arguments(arguments))
 
 
 def validate_arguments(*, tool: Tool, arguments: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ from approvals.models import (
     Tool,
 )
 from console.lib import sql
-from console.lib.canonical import intent_hash
+from console.lib.canonical import digest, intent_hash_of
 from console.lib.errors import Conflict, IntentMismatch, InvalidInput, NotFound
 from console.lib.ids import derive_operation_id
 from console.lib.transitions import record_event
@@ -117,9 +117,11 @@ def call_propose(
         raise InvalidInput(f"call_id must be 1 to {MAX_CALL_ID} printable characters.", details={"call_id": call_id})
     if not isinstance(step_id, str) or not 0 < len(step_id) <= MAX_STEP_ID:
         raise InvalidInput(f"step_id must be 1 to {MAX_STEP_ID} characters.", details={"step_id": step_id})
+    # Made once: the arguments' hash and the intent's are both hashes of it.
+    args_json = gate.canonical_arguments(arguments)
     proposal = dict(principal=principal, task_id=task_id, call_id=call_id, step_id=step_id, tool_name=tool_name,
                     arguments=arguments, expected_version=expected_version, fencing_token=fencing_token,
-                    args_hash=gate.canonical_arguments_hash(arguments), dispatch_here=dispatch_here)
+                    args_json=args_json, args_hash=digest(args_json), dispatch_here=dispatch_here)
     try:
         try:
             return _propose(**proposal)
@@ -170,8 +172,8 @@ def _check_proposing(task: Task) -> None:
 
 
 def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: str, tool_name: str,
-             arguments: dict[str, Any], expected_version: int, fencing_token: int | None, args_hash: str,
-             dispatch_here: bool) -> Proposal:
+             arguments: dict[str, Any], expected_version: int, fencing_token: int | None, args_json: bytes,
+             args_hash: str, dispatch_here: bool) -> Proposal:
     # The ID a new operation would have: the tool is named by the request, and the task is
     # looked up in the principal's tenant only.
     operation_id = derive_operation_id(tenant=principal.tenant.slug, task_id=task_id, step_id=step_id,
@@ -212,7 +214,7 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             return _refuse(stopped, principal=principal, task=task, call_id=call_id, step_id=step_id, tool=tool,
                            args_hash=args_hash)
 
-        intent = intent_hash(tool=tool.name, arguments=arguments, principal=principal.ref)
+        intent = intent_hash_of(tool=tool.name, arguments_json=args_json, principal=principal.ref)
         if known_operation:
             # Checked before the budgets: a regenerated call for a step already in the ledger
             # spends nothing, so a spent budget must not refuse it.

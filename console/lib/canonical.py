@@ -25,7 +25,12 @@ def canonical_json(value: Any) -> bytes:
 
 
 def sha256_hex(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value)).hexdigest()
+    return digest(canonical_json(value))
+
+
+def digest(canonical: bytes) -> str:
+    """The hex SHA-256 of canonical JSON already made."""
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def arguments_hash(arguments: dict[str, Any]) -> str:
@@ -33,5 +38,13 @@ def arguments_hash(arguments: dict[str, Any]) -> str:
 
 
 def intent_hash(*, tool: str, arguments: dict[str, Any], principal: str) -> str:
-    """SHA-256 of the canonical JSON of tool, arguments and principal."""
-    return sha256_hex({"tool": tool, "arguments": arguments, "principal": principal})
+    """SHA-256 of the canonical JSON of tool, arguments and principal (one object)."""
+    return intent_hash_of(tool=tool, arguments_json=canonical_json(arguments), principal=principal)
+
+
+def intent_hash_of(*, tool: str, arguments_json: bytes, principal: str) -> str:
+    """`intent_hash`, given the arguments' canonical JSON (a proposal has it already, for the
+    arguments' own hash). The object's canonical form is its members in key order, each value
+    in its own canonical form: "arguments" < "principal" < "tool"."""
+    return digest(b'{"arguments":' + arguments_json + b',"principal":' + rfc8785.dumps(principal)
+                  + b',"tool":' + rfc8785.dumps(tool) + b"}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import unicodedata
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from console.lib.canonical import arguments_hash, canonical_json, intent_hash
+from console.lib.canonical import arguments_hash, canonical_json, intent_hash, intent_hash_of
 
 REFUND = {"order_id": "ord-1", "amount": 120, "currency": "EUR", "reason": "damaged"}
 PRINCIPAL = "agent:acme/agent"
@@ -168,3 +169,13 @@ def _shuffled(value, rnd: random.Random):
 def test_any_reordering_or_json_round_trip_of_the_arguments_hashes_equal(arguments, rnd):
     round_tripped = json.loads(json.dumps(_shuffled(arguments, rnd), ensure_ascii=rnd.random() < 0.5))
     assert h(round_tripped) == h(arguments)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6), st.text(max_size=12), st.text(max_size=12))
+def test_the_intent_hash_from_the_arguments_canonical_json_is_the_hash_of_the_whole_intent(arguments, tool, principal):
+    """A proposal has the arguments' canonical JSON already (their own hash): the intent hash
+    is built around it, and must equal the canonical hash of the one object."""
+    whole = hashlib.sha256(canonical_json({"tool": tool, "arguments": arguments, "principal": principal})).hexdigest()
+    assert intent_hash_of(tool=tool, arguments_json=canonical_json(arguments), principal=principal) == whole
+    assert intent_hash(tool=tool, arguments=arguments, principal=principal) == whole
