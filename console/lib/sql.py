@@ -222,8 +222,10 @@ def prep(field: models.Field, value: Any, connection) -> Any:
     if isinstance(value, models.Model):
         value = value.pk
     kind = _kind(field)
-    if value is None and not kind.json:
-        return None
+    if value is None:
+        return None  # SQL NULL, also for a JSON field (JSON null is `Value(None, JSONField())`)
+    if kind.json and (type(value) is dict or type(value) is list):
+        return connection.ops.adapt_json_value(value, field.encoder)  # JSONField's own last step
     if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
         return value  # a text field keeps a str subclass (a TextChoices member) as it is
     if kind.is_datetime and type(value) is datetime and value.tzinfo is not None and connection.vendor == "postgresql":
@@ -275,7 +277,7 @@ def prep_all(model: type[models.Model], names: tuple[str, ...], values: Iterable
     fields looked up once per statement shape, and no call at all for a value that goes to the
     database as it is (most of them)."""
     postgres = connection.vendor == "postgresql"
-    return [value if (type(value) is kind.plain or (value is None and not kind.json)
+    return [value if (type(value) is kind.plain or value is None
                       or (kind.plain is str and isinstance(value, str))
                       or (postgres and kind.is_datetime and type(value) is datetime and value.tzinfo is not None))
             else prep(kind.field, value, connection)
