@@ -7,11 +7,15 @@ writes the same rows, index entries and foreign-key checks a lifecycle writes. W
 the cost of the protocol's writes on this server: the lower bound of any client, in any
 language, that keeps these writes and these commits.
 
-Two shapes:
-- "floor": the statements one at a time, with psycopg's own `BEGIN` per transaction, as the
-  service layer sends them (the same round trips);
-- "floor, pipelined": each transaction sent in one go (pipeline mode, one sync), the fewest
-  round trips these transactions can have.
+Three shapes:
+- "one at a time" (the floor): the statements one at a time, with psycopg's own `BEGIN` per
+  transaction, as the service layer sends them (the same round trips);
+- "pipelined": each transaction sent in one go (pipeline mode, one sync), the fewest round
+  trips these transactions can have;
+- "through Django": one at a time through this thread's Django connection, in Django's atomic
+  blocks, on the cursor the hot path keeps (Django's cursor wrapper around a server-binding
+  psycopg cursor): no gate or ledger code, only the framework's database layer. What separates
+  it from the floor is Django's; what separates the lifecycle from it is ours.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,15 +124,21 @@ def _renamed(value: Any, names: dict[str, str]) -> Any:
     return value
 
 
-class Replayer:
-    """Sends a recording again on its own psycopg connection, under new IDs each time."""
+SHAPES = ("one at a time", "pipelined", "through Django")
 
-    def __init__(self, url: str, recording: Recording, *, pipelined: bool) -> None:
+
+class Replayer:
+    """Sends a recording again, under new IDs each time: on its own psycopg connection, or
+    ("through Django") on this thread's Django connection."""
+
+    def __init__(self, url: str, recording: Recording, *, shape: str) -> None:
         import psycopg
 
+        if shape not in SHAPES:
+            raise ValueError(f"shape must be one of {SHAPES}")
         self.recording = recording
-        self.pipelined = pipelined
-        self.conn = psycopg.connect(url, autocommit=True, prepare_threshold=2)
+        self.shape = shape
+        self.conn = None if shape == "through Django" else psycopg.connect(url, autocommit=True, prepare_threshold=2)
 
     def _names(self) -> dict[str, str]:
         operation_id, call_id, step_id = self.recording.ids
@@ -141,8 +152,11 @@ class Replayer:
         names = self._names()
         for tx in self.recording.transactions:
             statements = [(sql, _renamed(params, names)) for sql, params in tx.statements]
+            if self.shape == "through Django":
+                _check(_through_django(tx, statements), tx, statements)
+                continue
             cursors = [self.conn.cursor() for _ in statements]
-            if self.pipelined:
+            if self.shape == "pipelined":
                 with self.conn.pipeline():
                     if not tx.autocommit:
                         self.conn.execute("BEGIN")
@@ -157,10 +171,28 @@ class Replayer:
                 with self.conn.transaction():
                     for cur, (sql, params) in zip(cursors, statements, strict=True):
                         cur.execute(sql, params)
-            counts = [cur.rowcount for cur in cursors]
-            if counts != tx.rowcounts:
-                raise RuntimeError(f"replay touched {counts} rows where the lifecycle touched {tx.rowcounts}: "
-                                   f"{[sql[:60] for sql, _ in statements]}")
+            _check([cur.rowcount for cur in cursors], tx, statements)
 
     def close(self) -> None:
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
+
+
+def _through_django(tx: Transaction, statements: list[tuple[str, Any]]) -> list[int]:
+    from django.db import connection, transaction
+
+    from console.lib import sql as hot_path
+
+    counts = []
+    with nullcontext() if tx.autocommit else transaction.atomic():
+        cursor = hot_path.cursor(connection)
+        for statement, params in statements:
+            cursor.execute(statement, params)
+            counts.append(cursor.rowcount)
+    return counts
+
+
+def _check(counts: list[int], tx: Transaction, statements: list[tuple[str, Any]]) -> None:
+    if counts != tx.rowcounts:
+        raise RuntimeError(f"replay touched {counts} rows where the lifecycle touched {tx.rowcounts}: "
+                           f"{[sql[:60] for sql, _ in statements]}")

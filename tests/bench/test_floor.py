@@ -43,11 +43,11 @@ def recorded():
     return recording, written
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["one at a time", "pipelined"])
-def test_each_replay_writes_the_rows_of_one_lifecycle_and_confirms_a_new_operation(recorded, pipelined):
+@pytest.mark.parametrize("shape", floor.SHAPES)
+def test_each_replay_writes_the_rows_of_one_lifecycle_and_confirms_a_new_operation(recorded, shape):
     recording, written = recorded
     before = rows()
-    replayer = floor.Replayer(url(), recording, pipelined=pipelined)
+    replayer = floor.Replayer(url(), recording, shape=shape)
     try:
         replayer.replay()
         replayer.replay()
@@ -63,9 +63,10 @@ def test_each_replay_writes_the_rows_of_one_lifecycle_and_confirms_a_new_operati
     assert all(op.receipt for op in replayed)
 
 
-def test_a_replay_that_writes_less_than_the_lifecycle_is_an_error(recorded, monkeypatch):
+@pytest.mark.parametrize("shape", floor.SHAPES)
+def test_a_replay_that_writes_less_than_the_lifecycle_is_an_error(recorded, monkeypatch, shape):
     recording, _ = recorded
-    replayer = floor.Replayer(url(), recording, pipelined=False)
+    replayer = floor.Replayer(url(), recording, shape=shape)
     same_names = replayer._names()
     monkeypatch.setattr(replayer, "_names", lambda: same_names)
     try:
