@@ -139,6 +139,7 @@ class Replayer:
         self.recording = recording
         self.shape = shape
         self.conn = None if shape == "through Django" else psycopg.connect(url, autocommit=True, prepare_threshold=2)
+        self.cursor = None if self.conn is None else self.conn.cursor()
 
     def _names(self) -> dict[str, str]:
         operation_id, call_id, step_id = self.recording.ids
@@ -155,8 +156,9 @@ class Replayer:
             if self.shape == "through Django":
                 _check(_through_django(tx, statements), tx, statements)
                 continue
-            cursors = [self.conn.cursor() for _ in statements]
             if self.shape == "pipelined":
+                # A cursor per statement: each one's row count is known only after the sync.
+                cursors = [self.conn.cursor() for _ in statements]
                 with self.conn.pipeline():
                     if not tx.autocommit:
                         self.conn.execute("BEGIN")
@@ -164,14 +166,16 @@ class Replayer:
                         cur.execute(sql, params)
                     if not tx.autocommit:
                         self.conn.execute("COMMIT")
-            elif tx.autocommit:
-                cursors[0].execute(*statements[0])
-            else:
-                # psycopg's transaction block sends BEGIN alone, as Django's atomic does.
-                with self.conn.transaction():
-                    for cur, (sql, params) in zip(cursors, statements, strict=True):
-                        cur.execute(sql, params)
-            _check([cur.rowcount for cur in cursors], tx, statements)
+                _check([cur.rowcount for cur in cursors], tx, statements)
+                continue
+            # One cursor for every statement, the least a client does per statement; psycopg's
+            # transaction block sends BEGIN alone, as Django's atomic does.
+            counts = []
+            with nullcontext() if tx.autocommit else self.conn.transaction():
+                for sql, params in statements:
+                    self.cursor.execute(sql, params)
+                    counts.append(self.cursor.rowcount)
+            _check(counts, tx, statements)
 
     def close(self) -> None:
         if self.conn is not None:
