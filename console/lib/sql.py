@@ -224,8 +224,9 @@ def prep(field: models.Field, value: Any, connection) -> Any:
     kind = _kind(field)
     if value is None:
         return None  # SQL NULL, also for a JSON field (JSON null is `Value(None, JSONField())`)
-    if kind.json and (type(value) is dict or type(value) is list):
-        return connection.ops.adapt_json_value(value, field.encoder)  # JSONField's own last step
+    if kind.json and type(field) is models.JSONField and (type(value) is dict or type(value) is list):
+        # JSONField's own last step (a subclass may prepare its values first: the slow path).
+        return connection.ops.adapt_json_value(value, field.encoder)
     if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
         return value  # a text field keeps a str subclass (a TextChoices member) as it is
     if kind.is_datetime and type(value) is datetime and value.tzinfo is not None and connection.vendor == "postgresql":
