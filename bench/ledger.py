@@ -27,6 +27,10 @@ statements and commits) and function calls per lifecycle (a figure no load moves
 `POST /api/v1/tasks/{id}/calls` and `GET /api/v1/operations/{id}`. The broker is in memory, so
 the HTTP figures are the proposal alone; no dispatch runs behind them.
 
+With `--processes`, the lifecycle is then measured against the floor and against DBOS once more,
+each pair in alternating slices of one run (bench/paired.py), so that a drift of the machine hits
+both sides of a ratio alike.
+
 Prints medians of the runs, the ratios of figures measured side by side and whether the targets
 are met. Timings are never asserted in tests: the machines are shared and noisy.
 """
@@ -58,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import floor  # noqa: E402 - after the path is set
+from bench import floor, paired  # noqa: E402 - after the path is set
 
 TOOL = "bench.noop"
 TENANT = "bench"
@@ -244,7 +248,7 @@ def process_client_factory(kind: str, url: str, dbos_url: str, recordings: list[
     raise ValueError(kind)
 
 
-def _sealer_process(url: str, interval: float, barrier, stop, clients_done, results) -> None:
+def sealer_process(url: str, interval: float, barrier, stop, clients_done, results) -> None:
     """The event log's sealer as beat runs it (`console.seal_events`): `audit.seal_pending`
     every `interval` seconds during the measurement, then, once every client has finished its
     last lifecycle, the rest; reports its rows and CPU."""
@@ -276,7 +280,7 @@ def run_processes(name: str, clients: int, seconds: float, *, url: str, dbos_url
     children = [context.Process(target=_process_client, args=(name, i, url, dbos_url, barrier, stop, results),
                                 name=f"{name}-{i}", daemon=True) for i in range(clients)]
     if seal_every is not None:
-        children.append(context.Process(target=_sealer_process, name="sealer", daemon=True,
+        children.append(context.Process(target=sealer_process, name="sealer", daemon=True,
                                         args=(url, seal_every, barrier, stop, clients_done, sealer_results)))
     for child in children:
         child.start()
@@ -912,6 +916,29 @@ def print_table(title: str, rows: list[list[str]], header: list[str]) -> None:
         print(fmt_row([str(c) for c in row], widths))
 
 
+def print_paired(pairs: list[paired.Paired], client_counts: list[int]) -> None:
+    rows = []
+    for clients in client_counts:
+        mine = {pair.kinds[1]: pair for pair in pairs if pair.clients == clients}
+        row: list[Any] = [clients]
+        for other, target in (("floor", TARGET_VS_FLOOR), ("dbos", TARGET_VS_DBOS)):
+            pair = mine.get(other)
+            if pair is None:
+                row += ["n/a", "n/a", "n/a"]
+                continue
+            row += [f"{pair.ratio:.2f}", f"{min(pair.ratios):.2f}–{max(pair.ratios):.2f}",
+                    "met" if pair.ratio >= target else "MISSED"]
+        floor_pair = mine.get("floor")
+        row.append("n/a" if floor_pair is None else
+                   f"{floor_pair.cpu_ms_per_op[0]:.2f} ÷ {floor_pair.cpu_ms_per_op[1]:.2f}")
+        rows.append(row)
+    blocks, slice_seconds = len(pairs[0].blocks), pairs[0].slice_seconds
+    print_table(f"Lifecycle in alternating slices with its yardstick (bench/paired.py): median of {blocks} ABBA "
+                f"blocks of {slice_seconds:g} s slices", rows,
+                ["clients", "÷ floor", "blocks", f"≥ {TARGET_VS_FLOOR:g}", "÷ DBOS", "blocks", f"≥ {TARGET_VS_DBOS:g}",
+                 "client CPU ms/op, lifecycle ÷ floor"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
@@ -925,6 +952,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seal-every", type=float, default=1.0,
                         help="with --processes: seconds between the event sealer's runs beside the lifecycle and "
                              "floor clients (beat's EVENT_SEAL_SECONDS)")
+    parser.add_argument("--paired-blocks", type=int, default=8,
+                        help="with --processes: ABBA blocks of the paired measurements (0: none)")
+    parser.add_argument("--paired-slice", type=float, default=0.5, help="seconds of a paired measurement's slice")
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--no-http", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -1007,6 +1037,20 @@ def main(argv: list[str] | None = None) -> int:
                     for phase, values in PHASES.items():
                         phases.setdefault((f"{name}: {phase}", clients), []).append(
                             (percentile(values, 50) * 1000, percentile(values, 99) * 1000))
+
+    paired_results: list[paired.Paired] = []
+    if args.processes and args.paired_blocks > 0:
+        for clients in client_counts:
+            for other in ("floor", *(("dbos",) if dbos is not None else ())):
+                pair = paired.run(("lifecycle", other), clients, slice_seconds=args.paired_slice,
+                                  blocks=args.paired_blocks, url=url, seal_every=args.seal_every,
+                                  dbos_url=with_database(url, dbos_db, scheme="postgresql"))
+                paired_results.append(pair)
+                print(f"paired lifecycle ÷ {other:5} x{clients}: {pair.ratio:.2f} "
+                      f"(blocks {min(pair.ratios):.2f}–{max(pair.ratios):.2f}), ops/s "
+                      f"{statistics.median(a for a, _ in pair.blocks):.1f} ÷ "
+                      f"{statistics.median(b for _, b in pair.blocks):.1f}, cpu "
+                      f"{pair.cpu_ms_per_op[0]:.2f} ÷ {pair.cpu_ms_per_op[1]:.2f} ms/op", flush=True)
 
     ledger_after = ledger_size()
     print(f"\nledger: {ledger_before} operations before the measurements, {ledger_after} after")
@@ -1141,6 +1185,8 @@ def main(argv: list[str] | None = None) -> int:
                 ["", "clients", "raw/s ÷ commits per lifecycle", "lifecycle ÷ that",
                  f"same with {write_cpl:.0f} write commits", "÷ floor", f"≥ {TARGET_VS_FLOOR:g}",
                  "÷ floor through Django", "÷ DBOS", f"≥ {TARGET_VS_DBOS:g}"])
+    if paired_results:
+        print_paired(paired_results, client_counts)
     if dbos_error:
         print(f"\nDBOS baseline not measured: {dbos_error}")
 
@@ -1159,7 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
             "results": {f"{n}@{c}": [r.summary() for r in rs] for (n, c), rs in results.items()},
             "ledger_operations": [ledger_before, ledger_after],
             "commits": commits, "dbos_commits": dbos_commits, "dbos_error": dbos_error,
-            "ratios": ratios,
+            "ratios": ratios, "paired": [pair.summary() for pair in paired_results],
             "http": {f"{n}@{c}": [r.summary() for r in rs] for (n, c), rs in http.items()},
             "http_sessions_per_post": http_sessions,
         }, indent=1, default=str))
