@@ -26,7 +26,9 @@ DBOS: each process runs a workflow whose one step POSTs the same refund to the s
 provider alone: the same processes POSTing the refund straight to the sandbox, the ceiling that
 neither can pass.
 
-For each grid cell (servers × workers) and agent count, both are measured one after the other.
+For each grid cell (servers × workers) and agent count, both are measured one after the other;
+with `--rounds R`, R times, every other round in the opposite order (ABBA), and the ratio is the
+median of the rounds' own ratios, so that a drift of the machine favours neither system.
 A call counts when it was final (`confirmed`) inside the measured window; latency is
 propose → final as the agent saw it. Afterwards the sandbox's effect log is read: every
 confirmed call must have exactly one effect (duplicates and missing ones are printed).
@@ -40,6 +42,7 @@ import os
 import platform
 import secrets
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -74,6 +77,7 @@ class Point:
     duplicates: int = 0
     missing: int = 0
     cpu: dict[str, float] = field(default_factory=dict)  # the product's processes: CPU seconds in the window
+    round: int = 0  # with --rounds: which round of the agent count
 
     @property
     def confirmed(self) -> list[dict[str, Any]]:
@@ -104,7 +108,7 @@ class Point:
         return {"system": self.system, "servers": self.servers, "workers": self.workers, "agents": self.agents,
                 "confirmed": len(self.confirmed), "confirmed_per_s": round(self.per_s, 1),
                 "p50_ms": round(self.pct_ms(50), 1), "p99_ms": round(self.pct_ms(99), 1),
-                "duplicates": self.duplicates, "missing": self.missing, "load": self.load,
+                "duplicates": self.duplicates, "missing": self.missing, "load": self.load, "round": self.round,
                 "cpu_ms_per_call": {name: round(seconds * 1000 / max(1, len(self.confirmed)), 2)
                                     for name, seconds in self.cpu.items()}}
 
@@ -495,6 +499,25 @@ def machine_info(url: str) -> dict[str, Any]:
     return info
 
 
+def measure(name: str, *, servers: int, workers: int, agents: int, round_: int, tag: str, seconds: float, url: str,
+            system: System, floor, dbos_url: str, provider_url: str) -> Point:
+    """`agents` agent processes against one system for `seconds`: "countersign", "floor", "dbos"
+    or "provider" (the sandbox alone)."""
+    cpu: dict[str, float] = {}
+    if name == "countersign":
+        calls, elapsed, cpu = run_agents(countersign_agent, lambda i: (i, system.urls[i % len(system.urls)], tag),
+                                         agents, seconds, system.pids)
+        print("           ", stages(url, tag), flush=True)
+    elif name == "floor":
+        calls, elapsed, cpu = run_agents(floor_agent, lambda i: (i, floor.url, tag), agents, seconds,
+                                         {"floor-server": floor.procs[-1].pid})
+    elif name == "dbos":
+        calls, elapsed, _ = run_agents(dbos_agent, lambda i: (i, dbos_url, provider_url, tag), agents, seconds)
+    else:
+        calls, elapsed, _ = run_agents(provider_agent, lambda i: (i, provider_url, tag), agents, seconds)
+    return Point(name, servers, workers, agents, elapsed, load(), calls, cpu=cpu, round=round_)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
@@ -509,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the floor (bench/pipeline_floor.py's bare server, the same refund)")
     parser.add_argument("--no-provider", action="store_true",
                         help="skip the provider alone (agents POSTing straight to the sandbox)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every system at each agent count, in ABBA order; ratios are the median of "
+                             "the rounds' ratios")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -549,35 +575,22 @@ def main(argv: list[str] | None = None) -> int:
                 system = System(env, servers, workers, args.concurrency, args.pool, var / "logs").start()
                 try:
                     for agents in ints(args.agents):
-                        tag = f"cs{run}s{servers}w{workers}n{agents}"
-                        calls, seconds, cpu = run_agents(
-                            countersign_agent, lambda i, tag=tag, system=system: (
-                                i, system.urls[i % len(system.urls)], tag), agents, args.seconds, system.pids)
-                        points.append(Point("countersign", servers, workers, agents, seconds, load(), calls, cpu=cpu))
-                        print("           ", stages(url, tag), flush=True)
-                        measured = [points[-1]]
-                        if floor is not None:
-                            tag = f"fl{run}s{servers}w{workers}n{agents}"
-                            calls, seconds, cpu = run_agents(
-                                floor_agent, lambda i, tag=tag: (i, floor.url, tag), agents, args.seconds,
-                                {"floor-server": floor.procs[-1].pid})
-                            measured.append(Point("floor", servers, workers, agents, seconds, load(), calls, cpu=cpu))
-                        if not args.no_dbos:
-                            tag = f"db{run}s{servers}w{workers}n{agents}"
-                            calls, seconds, _ = run_agents(
-                                dbos_agent, lambda i, tag=tag: (i, dbos_url, payments.base_url, tag), agents,
-                                args.seconds)
-                            measured.append(Point("dbos", servers, workers, agents, seconds, load(), calls))
-                        if not args.no_provider:
-                            tag = f"pr{run}s{servers}w{workers}n{agents}"
-                            calls, seconds, _ = run_agents(
-                                provider_agent, lambda i, tag=tag: (i, payments.base_url, tag), agents, args.seconds)
-                            measured.append(Point("provider", servers, workers, agents, seconds, load(), calls))
-                        points.extend(measured[1:])
-                        effects = sandbox_effects(payments.base_url)
-                        for point in measured:
-                            check_effects(point, effects)
-                            print(point.line(), flush=True)
+                        names = ["countersign", *(["floor"] if floor is not None else []),
+                                 *([] if args.no_dbos else ["dbos"]), *([] if args.no_provider else ["provider"])]
+                        for round_ in range(args.rounds):
+                            # ABBA…: every other round runs the systems in the opposite order, so a drift
+                            # of the machine during a round favours none of them.
+                            measured = [
+                                measure(name, servers=servers, workers=workers, agents=agents, round_=round_,
+                                        tag=f"{name[:2]}{run}s{servers}w{workers}n{agents}r{round_}",
+                                        seconds=args.seconds, url=url, system=system, floor=floor,
+                                        dbos_url=dbos_url, provider_url=payments.base_url)
+                                for name in (names if round_ % 2 == 0 else names[::-1])]
+                            points.extend(measured)
+                            effects = sandbox_effects(payments.base_url)
+                            for point in measured:
+                                check_effects(point, effects)
+                                print(point.line(), flush=True)
                 finally:
                     system.stop()
     finally:
@@ -591,35 +604,56 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(points: list[Point]) -> None:
-    print("\nCountersign ÷ DBOS (confirmed/s, measured one after the other at each agent count):")
-    by_key = {(p.system, p.servers, p.workers, p.agents): p for p in points}
-    for p in points:
-        other = by_key.get(("dbos", p.servers, p.workers, p.agents))
-        if p.system != "countersign" or other is None or not other.per_s:
+    """Countersign ÷ DBOS per agent count (the median of the rounds' ratios, each of a round's
+    two measurements), then each system at its best agent count (median rate over the rounds)."""
+    rounds = 1 + max((p.round for p in points), default=0)
+    print(f"\nCountersign ÷ DBOS (confirmed/s, measured one after the other at each agent count"
+          f"{f'; median of {rounds} rounds in ABBA order, with their range' if rounds > 1 else ''}):")
+    by_key = {(p.system, p.servers, p.workers, p.agents, p.round): p for p in points}
+    counts = sorted({(p.servers, p.workers, p.agents) for p in points if p.system == "countersign"})
+    for servers, workers, agents in counts:
+        pairs = [(by_key[("countersign", servers, workers, agents, r)], by_key.get(("dbos", servers, workers, agents, r)))
+                 for r in range(rounds) if ("countersign", servers, workers, agents, r) in by_key]
+        pairs = [(cs, dbos) for cs, dbos in pairs if dbos is not None and dbos.per_s]
+        if not pairs:
             continue
-        print(f"  servers={p.servers} workers={p.workers} agents={p.agents:2}: {p.per_s:7.1f} / {other.per_s:7.1f}"
-              f" = {p.per_s / other.per_s:5.2f}   p99 {p.pct_ms(99):7.1f} ms vs {other.pct_ms(99):7.1f} ms")
-    print("\nat saturation (the best agent count of each system, per cell):")
+        ratios = [cs.per_s / dbos.per_s for cs, dbos in pairs]
+        spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
+        print(f"  servers={servers} workers={workers} agents={agents:2}: "
+              f"{statistics.median(cs.per_s for cs, _ in pairs):7.1f} / "
+              f"{statistics.median(d.per_s for _, d in pairs):7.1f} = {statistics.median(ratios):5.2f}{spread}   "
+              f"p99 {statistics.median(cs.pct_ms(99) for cs, _ in pairs):7.1f} ms vs "
+              f"{statistics.median(d.pct_ms(99) for _, d in pairs):7.1f} ms")
+    print(f"\nat saturation (the best agent count of each system, per cell"
+          f"{'; medians over the rounds' if rounds > 1 else ''}):")
     cells = sorted({(p.servers, p.workers) for p in points})
     met = 0
     for cell in cells:
-        best = {system: max((p for p in points if (p.servers, p.workers) == cell and p.system == system),
-                            key=lambda p: p.per_s, default=None)
-                for system in ("countersign", "floor", "dbos", "provider")}
+        rates: dict[str, dict[int, list[Point]]] = {}
+        for p in points:
+            if (p.servers, p.workers) == cell:
+                rates.setdefault(p.system, {}).setdefault(p.agents, []).append(p)
+        best: dict[str, tuple[int, float, float] | None] = {}
+        for system in ("countersign", "floor", "dbos", "provider"):
+            per_count = {agents: (statistics.median(p.per_s for p in ps), statistics.median(p.pct_ms(50) for p in ps),
+                                  statistics.median(p.pct_ms(99) for p in ps))
+                         for agents, ps in rates.get(system, {}).items()}
+            agents = max(per_count, key=lambda a: per_count[a][0], default=None)
+            best[system] = None if agents is None else (agents, *per_count[agents])
         cs, floor, dbos, provider = best["countersign"], best["floor"], best["dbos"], best["provider"]
-        text = (f"  servers={cell[0]} workers={cell[1]}: countersign {cs.per_s:.1f}/s (agents={cs.agents}, "
-                f"p50 {cs.pct_ms(50):.1f} ms, p99 {cs.pct_ms(99):.1f} ms)")
-        if dbos is not None and dbos.per_s:
-            ratio = cs.per_s / dbos.per_s
+        text = f"  servers={cell[0]} workers={cell[1]}: countersign {cs[1]:.1f}/s (agents={cs[0]}, " \
+               f"p50 {cs[2]:.1f} ms, p99 {cs[3]:.1f} ms)"
+        if dbos is not None and dbos[1]:
+            ratio = cs[1] / dbos[1]
             met += ratio >= TARGET_VS_DBOS
-            text += f"; dbos {dbos.per_s:.1f}/s (agents={dbos.agents}, p99 {dbos.pct_ms(99):.1f} ms): ÷ = {ratio:.2f}"
-        if floor is not None and floor.per_s:
-            text += (f"; floor {floor.per_s:.1f}/s (agents={floor.agents}, p99 {floor.pct_ms(99):.1f} ms): "
-                     f"countersign ÷ floor = {cs.per_s / floor.per_s:.2f}")
-            if dbos is not None and dbos.per_s:
-                text += f", floor ÷ dbos = {floor.per_s / dbos.per_s:.2f}"
+            text += f"; dbos {dbos[1]:.1f}/s (agents={dbos[0]}, p99 {dbos[3]:.1f} ms): ÷ = {ratio:.2f}"
+        if floor is not None and floor[1]:
+            text += (f"; floor {floor[1]:.1f}/s (agents={floor[0]}, p99 {floor[3]:.1f} ms): "
+                     f"countersign ÷ floor = {cs[1] / floor[1]:.2f}")
+            if dbos is not None and dbos[1]:
+                text += f", floor ÷ dbos = {floor[1] / dbos[1]:.2f}"
         if provider is not None:
-            text += f"; provider alone {provider.per_s:.1f}/s"
+            text += f"; provider alone {provider[1]:.1f}/s"
         print(text)
     bad = sum(p.duplicates + p.missing for p in points)
     print(f"effects: {'every confirmed call has exactly one effect' if not bad else f'{bad} WRONG (see above)'}")
