@@ -1,12 +1,13 @@
 """OpenTelemetry set-up: one tracer provider per process, flushed on shutdown (Celery's
 worker_process_shutdown in each pool process; the ASGI lifespan's shutdown in each server).
 
-Exporting is off unless OTEL_ENABLED is true and an OTLP endpoint is set; the console's own
-spans are still created (and cost next to nothing) so code can always use `tracer`.
+Exporting is off unless OTEL_ENABLED is true and an OTLP endpoint is set. Code always uses
+`tracer`; until a tracer provider is set, its spans are one shared no-op (`_Tracer`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from opentelemetry import trace
@@ -14,7 +15,39 @@ from opentelemetry import trace
 _lock = threading.Lock()
 _provider = None
 
-tracer = trace.get_tracer("countersign")
+
+class _Tracer:
+    """The console's tracer: OpenTelemetry's once a tracer provider is set (`setup_tracing`, or a
+    test's), else a span that is a shared non-recording span, entered as a shared no-op context.
+
+    The API's own stand-in (a proxy tracer handing out no-op spans) enters three context managers
+    and attaches the span to the context for every span, and the proposal and its dispatch open
+    three each: a few percent of a lifecycle's CPU for spans that nothing reads. Without a
+    provider nothing can: no exporter, no sampler, and no remote parent either (the propagators
+    that would attach one run only in the instrumentation `setup_tracing` installs with it)."""
+
+    _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)  # stateless: shared by every thread
+
+    def __init__(self, name: str) -> None:
+        self._otel = trace.get_tracer(name)
+
+    @staticmethod
+    def _off() -> bool:
+        # The provider is read each time: one may be set later (a worker's start-up, a test).
+        return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+    def start_as_current_span(self, name: str, **kwargs):
+        if self._off():
+            return self._NO_SPAN
+        return self._otel.start_as_current_span(name, **kwargs)
+
+    def start_span(self, name: str, **kwargs) -> trace.Span:
+        if self._off():
+            return trace.INVALID_SPAN
+        return self._otel.start_span(name, **kwargs)
+
+
+tracer = _Tracer("countersign")
 
 
 def setup_tracing(*, instrument_celery: bool = False, instrument_django: bool = False) -> None:

@@ -103,3 +103,47 @@ def test_django_and_a_real_celery_worker_export_linked_spans_flushed_on_shutdown
     # The worker's task continues the trace of the request that published it.
     task_span = Span.objects.get(span_id=dispatch[0].parent_span_id, trace_id=dispatch[0].trace_id)
     assert task_span.trace_id == server[0].trace_id
+
+
+class _NoProviderYet(trace.ProxyTracerProvider):
+    """The API's provider before any is set (exporting off): every tracer it gives is a proxy."""
+
+
+def test_without_a_tracer_provider_a_span_runs_no_opentelemetry_code(monkeypatch):
+    # The proxy tracer's no-op span costs a few context managers and a context attach per span,
+    # on every proposal and dispatch, when nothing would ever read the span.
+    from console.tracing import tracer
+
+    monkeypatch.setattr(trace, "get_tracer_provider", _NoProviderYet)
+
+    def traced(*args, **kwargs):
+        raise AssertionError("an OpenTelemetry tracer was asked for a span")
+
+    monkeypatch.setattr(trace.ProxyTracer, "start_as_current_span", traced)
+    monkeypatch.setattr(trace.ProxyTracer, "start_span", traced)
+    monkeypatch.setattr(trace.NoOpTracer, "start_as_current_span", traced)
+    monkeypatch.setattr(trace.NoOpTracer, "start_span", traced)
+    with tracer.start_as_current_span("gate", attributes={"countersign.task_id": "t"}) as span:
+        span.set_attributes({"countersign.decision": "dispatched"})
+        span.set_attribute("countersign.risk_tier", 0)
+        assert not span.is_recording()
+    started = tracer.start_span("approval.wait", start_time=1, attributes={"countersign.task_id": "t"})
+    started.end()
+    assert not started.is_recording()
+
+
+def test_an_exception_in_a_span_without_a_provider_is_raised_as_it_is(monkeypatch):
+    from console.tracing import tracer
+
+    monkeypatch.setattr(trace, "get_tracer_provider", _NoProviderYet)
+    with pytest.raises(ValueError, match="boom"), tracer.start_as_current_span("dispatch"):
+        raise ValueError("boom")
+
+
+def test_with_a_provider_the_console_spans_are_recorded(exported):
+    from console.tracing import tracer
+
+    exported.clear()
+    with tracer.start_as_current_span("verify", attributes={"countersign.task_id": "t"}) as span:
+        assert span.is_recording()
+    assert [s.name for s in exported.get_finished_spans()] == ["verify"]
