@@ -48,6 +48,7 @@ from console.tracing import tracer
 from ledger import request_dispatch
 from ledger import services as ledger_services
 from ledger.models import Attempt, Call, Operation, OperationStatus, ToolCircuit
+from ledger.queries import PROPOSAL_TASK_FIELDS
 from ledger.queries import lease_sql as _lease_sql
 from ledger.queries import task_for_claim_sql as _task_for_claim_sql
 from ledger.queries import task_sql as _task_sql
@@ -433,13 +434,14 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operati
         row = sql.fetchone(connection, statement, params)  # in a snapshot that has the change
     if row is None:
         raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
-    task = sql.load(Task, row, connection=connection)
-    tenant = sql.load(Tenant, row, sql.width(Task), connection=connection)
+    task = sql.load(Task, row, connection=connection, only=PROPOSAL_TASK_FIELDS)
+    task_width = sql.width(Task, only=PROPOSAL_TASK_FIELDS)
+    tenant = sql.load(Tenant, row, task_width, connection=connection)
     sql.attach(task, "tenant", tenant)
     lease = sql.load(Lease, lease_row, connection=connection) if lease_row is not None else None
     if not for_claim:
         return task, lease, row[-3] is not None, row[-2] is not None, catalog.for_token(row[-1]), None
-    start = sql.width(Task) + sql.width(Tenant)
+    start = task_width + sql.width(Tenant)
     agent = sql.load(AgentPrincipal, row, start, connection=connection)
     sql.attach(agent, "tenant", tenant)
     circuit = sql.load(ToolCircuit, row, start + sql.width(AgentPrincipal), connection=connection)

@@ -111,13 +111,22 @@ def lease_sql(vendor: str) -> str:
             f"{sql.for_update(connection, of='l')}")
 
 
+# The task's fields a proposal reads: all but the contract's free-form documents, which an
+# agent may make large and no proposal reads (its gate reads `constraints`). Loaded deferred, as
+# `.only()` leaves them: read, they would be selected and parsed on every call.
+CONTRACT_DOCUMENTS = ("inputs", "success_criteria", "versions", "verdicts")
+PROPOSAL_TASK_FIELDS = tuple(field.name for field in Task._meta.concrete_fields if field.name not in CONTRACT_DOCUMENTS)
+
+
 @cache
 def task_sql(vendor: str) -> str:
-    """The proposal's second lock: the task with its tenant, whether the call and the operation
-    are in the ledger already (their ids or NULL), and the configuration generation's token.
-    Parameters: the call id, the operation id, the task id, the tenant id."""
+    """The proposal's second lock: the task (its `PROPOSAL_TASK_FIELDS`) with its tenant, whether
+    the call and the operation are in the ledger already (their ids or NULL), and the
+    configuration generation's token. Parameters: the call id, the operation id, the task id,
+    the tenant id."""
     connection = sql.connection_for(Task)
-    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, {_KNOWN_CALL_AND_OPERATION}, "
+    return (f"SELECT {sql.columns(Task, 't', only=PROPOSAL_TASK_FIELDS)}, {sql.columns(Tenant, 'n')}, "
+            f"{_KNOWN_CALL_AND_OPERATION}, "
             f"{approval_queries.TOKEN_SUBQUERY} "
             f"FROM {sql.table(Task)} t "
             f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(Task, 'tenant', 't')} "
@@ -136,7 +145,8 @@ def task_for_claim_sql(vendor: str) -> str:
     operation's, the count, the two tokens. Parameters: the call id, the operation id, that
     status, the agent's id, the tool's name, the task id, the tenant id."""
     connection = sql.connection_for(Task)
-    return (f"SELECT {sql.columns(Task, 't')}, {sql.columns(Tenant, 'n')}, {sql.columns(AgentPrincipal, 'a')}, "
+    return (f"SELECT {sql.columns(Task, 't', only=PROPOSAL_TASK_FIELDS)}, {sql.columns(Tenant, 'n')}, "
+            f"{sql.columns(AgentPrincipal, 'a')}, "
             f"{sql.columns(ToolCircuit, 'r')}, {_KNOWN_CALL_AND_OPERATION}, "
             f"{_in_flight(_col(Task, 'tenant', 't'))}, {_tokens(vendor)} "
             f"FROM {sql.table(Task)} t "
@@ -223,13 +233,13 @@ SHAPES = {
     "task_sql": sql.Shape(
         tables={"t": Task, "n": Tenant, "c": Call, "o": Operation, "g": PolicyGeneration},
         params=((Call, "call_id"), (Operation, "operation_id"), (Task, "task_id"), (Task, "tenant")),
-        loads=(Task, Tenant), scalars=3),
+        loads=(Task, Tenant), scalars=3, only={Task: PROPOSAL_TASK_FIELDS}),
     "task_for_claim_sql": sql.Shape(
         tables={"t": Task, "n": Tenant, "a": AgentPrincipal, "r": ToolCircuit, "c": Call, "o": Operation,
                 "f": Operation, "u": Tool, "g": PolicyGeneration},
         params=((Call, "call_id"), (Operation, "operation_id"), (Operation, "status"), (AgentPrincipal, "pk"),
                 (Tool, "name"), (Task, "task_id"), (Task, "tenant")),
-        loads=(Task, Tenant, AgentPrincipal, ToolCircuit), scalars=5),
+        loads=(Task, Tenant, AgentPrincipal, ToolCircuit), scalars=5, only={Task: PROPOSAL_TASK_FIELDS}),
     "ANSWER_SQL": sql.Shape(
         tables={"o": Operation, "t": Tool, "s": Step, "k": Task, "a": Attempt, "c": Call},
         params=((Operation, "operation_id"), (Call, "operation")), scalars=_OPERATION_WIDTH + 3 + _ATTEMPT_WIDTH + 3),

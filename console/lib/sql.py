@@ -15,6 +15,7 @@ helpers need of Django's undocumented internals goes through `console.lib.django
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -96,13 +97,15 @@ class Shape:
     without an alias). `params`: per `%s` in order, the (model, field name) it is compared with
     or written to, or None for a value that is no column (a JSON document of rows). `loads`: the
     models whose `columns` the SELECT returns first, in this order (read back with `load`), then
-    `scalars` further values. `vendors`: the databases it runs on."""
+    `scalars` further values. `vendors`: the databases it runs on. `only`: for a model of `loads`
+    read with `columns(model, only=)`, the fields it names."""
 
     tables: Mapping[str, type[models.Model]]
     params: tuple[tuple[type[models.Model], str] | None, ...] = ()
     loads: tuple[type[models.Model], ...] = ()
     scalars: int = 0
     vendors: frozenset[str] = frozenset({"postgresql", "sqlite"})
+    only: Mapping[type[models.Model], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 @cache

@@ -163,16 +163,18 @@ def problems(text: str, shape: sql.Shape) -> list[str]:
         if len(inserted) != len(selected):
             found.append(f"INSERT names {len(inserted)} columns and selects {len(selected)} values")
     elif selected:
-        expected = sum(sql.width(model) for model in shape.loads) + shape.scalars
+        expected = sum(sql.width(model, only=shape.only.get(model, ())) for model in shape.loads) + shape.scalars
         if len(selected) != expected:
             found.append(f"SELECT returns {len(selected)} values, the shape {expected}")
         at = 0
         for model in shape.loads:
+            only = shape.only.get(model, ())
+            width = sql.width(model, only=only)
             alias = selected[at].split(".")[0] if "." in selected[at] else ""
             if shape.tables.get(alias) is not model or \
-                    ", ".join(selected[at:at + sql.width(model)]) != sql.columns(model, alias):
+                    ", ".join(selected[at:at + width]) != sql.columns(model, alias, only=only):
                 found.append(f"values {at}… are not sql.columns({model.__name__}) in the order load reads them")
-            at += sql.width(model)
+            at += width
     return found
 
 
@@ -220,7 +222,7 @@ def test_each_statement_runs_on_the_test_database(module, name):
     cur = sql.cursor(connection)
     cur.execute(statement, params)
     if not text.startswith("INSERT"):
-        width = sum(sql.width(model) for model in shape.loads) + shape.scalars or 1
+        width = sum(sql.width(model, only=shape.only.get(model, ())) for model in shape.loads) + shape.scalars or 1
         assert len(cur.description) == width
         cur.fetchall()
 

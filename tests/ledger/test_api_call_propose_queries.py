@@ -76,3 +76,33 @@ def test_a_call_on_a_step_that_is_already_there_is_written_on_that_step(api, run
     (step,) = Step.objects.filter(task_id=running_task.task_id, step_id="step-1")
     operations = Operation.objects.filter(pk__in=[first.json()["operation_id"], second.json()["operation_id"]])
     assert sorted(op.step_id for op in operations) == [step.pk, step.pk]
+
+
+# A task contract's free-form documents: an agent may make them large, and no proposal reads them.
+CONTRACT_DOCUMENTS = ("inputs", "success_criteria", "versions", "verdicts")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("dispatch_here", [False, True], ids=["published", "dispatched in the request"])
+def test_a_proposal_neither_selects_nor_parses_the_tasks_contract_documents(agent, running_task, dispatch_here):
+    from django.test.utils import CaptureQueriesContext
+
+    from console.lib import sql
+    from ledger.proposals import call_propose
+    from runs.models import Task
+
+    Task.objects.filter(pk=running_task.task_id).update(inputs={"thread": ["Hello, a refund please. " * 40] * 100})
+    with CaptureQueriesContext(connection) as captured:
+        proposal = call_propose(principal=agent, task_id=running_task.task_id, call_id="call-1", step_id="step-1",
+                                tool_name="payments.refund", arguments=call_body(running_task)["arguments"],
+                                expected_version=running_task.version, fencing_token=running_task.fencing_token,
+                                dispatch_here=dispatch_here)
+    assert proposal.operation_id is not None
+    statements = [query["sql"] for query in captured.captured_queries]
+
+    def selected(name: str) -> bool:  # the column as sql.columns and sql.column spell it
+        column = Task._meta.get_field(name).column
+        return any(f't."{column}"' in text or sql.column(Task, name, "t") in text for text in statements)
+
+    assert [name for name in CONTRACT_DOCUMENTS if selected(name)] == []
+    assert selected("constraints")  # what the gate reads
