@@ -234,7 +234,10 @@ def tool_save(*, tool: Tool) -> Tool:
         raise InvalidInput(f"The configuration of {tool.name} is invalid.", details=errors)
     with transaction.atomic():
         if tool.pk is not None:
-            stored = Tool.objects.select_for_update().filter(pk=tool.pk).first()
+            # NO KEY: a proposal of this tool that holds the configuration generation (which this
+            # save changes, so it waits for it) checks its operation's foreign key to the tool
+            # at commit, a KEY SHARE lock; a plain FOR UPDATE here would block it: a deadlock.
+            stored = Tool.objects.select_for_update(no_key=True).filter(pk=tool.pk).first()
             if stored is not None:
                 tool.schema_version = stored.schema_version
                 if request_shape(stored) != request_shape(tool):
