@@ -51,27 +51,28 @@ def test_saving_a_tool_while_a_proposal_of_it_commits_fails_neither(agent, monke
     errors: list[BaseException] = []
 
     def propose() -> None:
-        try:
-            call_propose(principal=agent, task_id=run.task_id, call_id="call-1", step_id="step-1",
-                         tool_name="payments.refund", arguments=refund(), expected_version=run.version,
-                         fencing_token=run.fencing_token, dispatch_here=True)
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        call_propose(principal=agent, task_id=run.task_id, call_id="call-1", step_id="step-1",
+                     tool_name="payments.refund", arguments=refund(), expected_version=run.version,
+                     fencing_token=run.fencing_token, dispatch_here=True)
 
     def save() -> None:
-        try:
-            written.wait(20)
-            tool = Tool.objects.get(name="payments.refund")
-            tool.description = "Refunds, edited while a call of it was proposed."
-            tool_save(tool=tool)
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        written.wait(20)
+        tool = Tool.objects.get(name="payments.refund")
+        tool.description = "Refunds, edited while a call of it was proposed."
+        tool_save(tool=tool)
 
-    threads = [threading.Thread(target=propose, name="proposal"), threading.Thread(target=save, name="save")]
+    def on_its_own_connection(body):
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+        return run
+
+    threads = [threading.Thread(target=on_its_own_connection(propose), name="proposal"),
+               threading.Thread(target=on_its_own_connection(save), name="save")]
     for thread in threads:
         thread.start()
     assert written.wait(20)
