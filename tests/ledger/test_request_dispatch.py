@@ -20,14 +20,14 @@ from django.db.backends.utils import CursorWrapper
 from django.test import AsyncClient
 
 from approvals.models import Tool
-from console.lib.procs import wait_until
+from approvals.tools import tool_save
 from console.models import AgentPrincipal, Event
 from ledger import dispatcher, request_dispatch, seams, services
 from ledger.dispatcher import run_dispatch
 from ledger.models import Attempt, Call, Operation
 from tests.conftest import AGENT_TOKEN
 from tests.fixtures.api import call_body, refund
-from tests.fixtures.dispatch import backend_waits_on_a_lock, effects_of
+from tests.fixtures.dispatch import AtTheClaim, effects_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
               pytest.mark.usefixtures("sandbox_settings", "tools")]
@@ -308,33 +308,37 @@ def test_a_configuration_change_waits_for_the_dispatching_proposal_that_holds_it
     call was claimed on the authority it had, and is sent once and recorded."""
     if connection.vendor != "postgresql":
         pytest.skip("waits on PostgreSQL's row lock (SQLite takes one writer at a time)")
-    change: dict = {}
-
-    def disable():
-        try:
-            change["pid"] = connection.cursor().connection.info.backend_pid
-            Tool.objects.filter(name="payments.refund").update(enabled=False)
-        finally:
-            connection.close()
-
-    def change_the_configuration_at_the_claim(name: str, operation_id: str) -> None:
-        if name == "before_dispatch_commit" and "thread" not in change:
-            change["thread"] = threading.Thread(target=disable)
-            change["thread"].start()
-            wait_until(lambda: "pid" in change and backend_waits_on_a_lock(change["pid"]), timeout=30,
-                       what="the configuration change waiting for the proposal", interval=0.01)
-
-    previous = seams.install(change_the_configuration_at_the_claim)
-    try:
+    with AtTheClaim(lambda: Tool.objects.filter(name="payments.refund").update(enabled=False),
+                    what="the configuration change waiting for the proposal") as at_the_claim:
         response = propose(running_task, arguments=refund(order_id=unique("ord")))
-    finally:
-        seams.install(previous)
-        if "thread" in change:
-            change["thread"].join(timeout=30)
 
+    assert at_the_claim.errors == []
     assert (response.status_code, response.json()["status"]) == (201, "confirmed"), response.content
     assert len(effects_of(payments_url, Operation.objects.get())) == 1
     assert not Tool.objects.get(name="payments.refund").enabled
+
+
+def test_a_tool_saved_while_its_dispatching_proposal_commits_fails_neither(
+        running_task, enqueued, payments_url, unique):
+    """The tool's save changes the configuration generation, so it waits for the proposal that
+    holds it; the proposal's commit checks its operation's foreign key to the tool (KEY SHARE on
+    the tool's row). The save must not hold a lock that check waits for (FOR UPDATE did: each
+    waited for the other, and PostgreSQL aborted one as a deadlock)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("waits on PostgreSQL's row lock (SQLite takes one writer at a time)")
+
+    def save() -> None:
+        tool = Tool.objects.get(name="payments.refund")
+        tool.description = "Refunds, edited while a call of it was proposed."
+        tool_save(tool=tool)
+
+    with AtTheClaim(save, what="the tool's save waiting for the proposal") as at_the_claim:
+        response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert at_the_claim.errors == []
+    assert (response.status_code, response.json()["status"]) == (201, "confirmed"), response.content
+    assert len(effects_of(payments_url, Operation.objects.get())) == 1
+    assert Tool.objects.get(name="payments.refund").description.endswith("proposed.")
 
 
 def test_a_claim_that_fails_takes_its_proposal_with_it_and_the_agent_proposes_again(
