@@ -15,6 +15,11 @@ tests/console/test_django_private.py fails, naming what moved, when an upgrade c
 - psycopg's `PostgresQuery` (`convert`, `dump`, the attributes `convert` sets) and
   `_queries._query2pg_nocache`: that cursor keeps the split of a statement's text into its
   parameters for statements longer than psycopg keeps it for (the proposal's writing statement).
+- psycopg's `BaseCursor._start_query` and the `_tx` and `_last_query` it reads: that cursor
+  keeps each statement's Transformer, whose dumpers and loaders psycopg looks up again (in
+  Python) for every statement that is not the one it ran last. The cursor also loads timestamptz
+  with psycopg's own (C) loader instead of Django's Python subclass of it, when the session's
+  time zone is the connection's.
 - `Field.get_col`, `BaseDatabaseOperations.get_db_converters` and `Col.get_db_converters`: the
   converters the ORM's compiler applies to a column, so a row read by hand loads exactly as the
   ORM loads it.
@@ -59,13 +64,26 @@ def server_binding_cursor(connection):
     has run `prepare_threshold` times, and that keeps every statement's split into parameters
     (`_kept_split`). PostgreSQL with psycopg 3 only; the connection is open."""
     with connection.wrap_database_errors:
-        return connection._prepare_cursor(_hot_path_cursor_class()(connection.connection))
+        cursor = _hot_path_cursor_class()(connection.connection)
+        if connection.connection.info.timezone == connection.timezone:
+            # Django loads timestamptz with a Python subclass of psycopg's loader that sets the
+            # value's zone to the connection's; psycopg's own (C) loader gives the session's
+            # zone, the same one when the session is in it (Django sets it so).
+            from psycopg.types.datetime import TimestamptzLoader
+
+            cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        return connection._prepare_cursor(cursor)
+
+
+# Statements whose adapters a hot path cursor keeps at most (then it starts again): the hot
+# path's are a few dozen, one per shape.
+KEPT_TRANSFORMERS = 128
 
 
 @cache
 def _hot_path_cursor_class():
     from django.db.backends.postgresql.base import ServerBindingCursor
-    from psycopg import _queries
+    from psycopg import _queries, adapt
 
     class KeptSplitQuery(_queries.PostgresQuery):
         __slots__ = ()
@@ -79,6 +97,23 @@ def _hot_path_cursor_class():
 
     class HotPathCursor(ServerBindingCursor):
         _query_cls = KeptSplitQuery
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._transformers: dict[str, adapt.Transformer] = {}
+
+        def _start_query(self, query=None):
+            # psycopg makes a new Transformer, and so looks every parameter's dumper and every
+            # column's loader up again, unless the statement is the one it ran last; the hot
+            # path alternates a few statements, so the cursor keeps one for each.
+            if type(query) is str:
+                kept = self._transformers.get(query)
+                if kept is None:
+                    if len(self._transformers) >= KEPT_TRANSFORMERS:
+                        self._transformers.clear()
+                    kept = self._transformers[query] = adapt.Transformer(self)
+                self._tx, self._last_query = kept, query
+            return super()._start_query(query)
 
     return HotPathCursor
 

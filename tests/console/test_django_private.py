@@ -139,6 +139,76 @@ def test_on_postgresql_the_hot_path_cursor_binds_on_the_server(db):
     assert wrapped.fetchone() == (41,)
 
 
+def test_psycopgs_cursor_internals_the_hot_path_cursor_keeps_are_there():
+    """The hot path's cursor keeps each statement's Transformer (django_private)."""
+    from psycopg import Cursor, adapt
+    from psycopg._cursor_base import BaseCursor
+
+    assert parameters(BaseCursor._start_query) == ["self", "query"], UPGRADE
+    assert "if not self._last_query or (self._last_query is not query)" in inspect.getsource(
+        BaseCursor._start_query), UPGRADE  # a new Transformer unless the statement is the last one
+    assert {"_tx", "_last_query"} <= set(BaseCursor.__slots__), UPGRADE
+    assert issubclass(Cursor, BaseCursor) and callable(adapt.Transformer), UPGRADE
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the hot path's cursor is PostgreSQL's")
+def test_on_postgresql_the_hot_path_cursor_keeps_each_statements_adapters(db):
+    """psycopg looks its dumpers and loaders up again (in Python) for every statement that is
+    not the one just run; the hot path alternates a few statements, so it keeps them for each."""
+    wrapped = sql.cursor(connection)
+    first, second = "SELECT %s::int, now()", "SELECT %s::text"
+    seen = []
+    for statement, value in ((first, 1), (second, "a"), (first, None), (second, None), (first, 3)):
+        wrapped.execute(statement, [value])
+        seen.append((statement, wrapped.cursor._tx, wrapped.fetchone()[0]))
+    [(_, tx_first, _), (_, tx_second, _), (_, again, _), *_] = seen
+    assert again is tx_first and tx_second is not tx_first
+    assert [value for *_, value in seen] == [1, "a", None, None, 3]  # a NULL between values loads as one
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the hot path's cursor is PostgreSQL's")
+def test_on_postgresql_the_hot_path_cursor_loads_timestamps_as_the_orm_does_with_psycopgs_own_loader(db):
+    """Django loads timestamptz with a Python subclass of psycopg's loader, ten times slower than
+    psycopg's C one; on a UTC session both give the same aware datetime."""
+    import datetime
+
+    from django.db.backends.postgresql.psycopg_any import BaseTzLoader
+    from psycopg.pq import Format
+
+    statement = "SELECT %s::timestamptz, NULL::timestamptz"
+    moment = datetime.datetime(2026, 12, 4, 17, 5, 6, 789012, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
+    wrapped = sql.cursor(connection)
+    wrapped.execute(statement, [moment])
+    loaded = wrapped.fetchone()
+    with connection.cursor() as orm:
+        orm.execute(statement, [moment])
+        expected = orm.fetchone()
+    assert loaded == expected and loaded[0] == moment
+    assert loaded[0].tzinfo is expected[0].tzinfo is datetime.UTC
+    oid = connection.connection.adapters.types["timestamptz"].oid
+    assert not issubclass(wrapped.cursor.adapters.get_loader(oid, Format.TEXT), BaseTzLoader)
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the hot path's cursor is PostgreSQL's")
+def test_on_postgresql_a_session_in_another_time_zone_keeps_djangos_timestamp_loader(db):
+    from django.db.backends.postgresql.psycopg_any import BaseTzLoader
+    from psycopg.pq import Format
+
+    connection.ensure_connection()
+    with connection.cursor() as orm:
+        orm.execute("SET TIME ZONE 'Europe/Paris'")
+    try:
+        cursor = django_private.server_binding_cursor(connection).cursor
+        oid = connection.connection.adapters.types["timestamptz"].oid
+        assert issubclass(cursor.adapters.get_loader(oid, Format.TEXT), BaseTzLoader)
+    finally:
+        with connection.cursor() as orm:
+            orm.execute("SET TIME ZONE 'UTC'")
+
+
 def test_an_instance_loaded_from_the_database_is_still_its_dict_and_its_state(agent):
     """`loaded_instance` builds what `Model.from_db` builds: the loaded values in `__dict__` by
     attribute name and a `ModelState` saying where it came from."""
