@@ -72,7 +72,33 @@ def server_binding_cursor(connection):
             from psycopg.types.datetime import TimestamptzLoader
 
             cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
-        return connection._prepare_cursor(cursor)
+        if connection.queries_logged:
+            return connection._prepare_cursor(cursor)  # Django's wrapper that logs each statement
+        connection.validate_thread_sharing()  # as `_prepare_cursor` does before it wraps
+        return _hot_path_wrapper_class()(cursor, connection)
+
+
+@cache
+def _hot_path_wrapper_class():
+    from django.db.backends.utils import CursorWrapper
+
+    class HotPathCursorWrapper(CursorWrapper):
+        """Django's cursor wrapper, whose `__getattr__` builds a new error-translating function
+        for every fetch; here the fetches are methods that translate errors the same way."""
+
+        def fetchone(self):
+            with self.db.wrap_database_errors:
+                return self.cursor.fetchone()
+
+        def fetchmany(self, size=0):
+            with self.db.wrap_database_errors:
+                return self.cursor.fetchmany(size)
+
+        def fetchall(self):
+            with self.db.wrap_database_errors:
+                return self.cursor.fetchall()
+
+    return HotPathCursorWrapper
 
 
 # Statements whose adapters a hot path cursor keeps at most (then it starts again): the hot

@@ -67,6 +67,10 @@ def test_the_cursor_internals_are_there():
     assert parameters(BaseDatabaseWrapper._prepare_cursor) == ["self", "cursor"], UPGRADE
     assert isinstance(inspect.getattr_static(BaseDatabaseWrapper, "queries_logged"), property), UPGRADE
     assert isinstance(inspect.getattr_static(BaseDatabaseWrapper, "wrap_database_errors"), cached_property), UPGRADE
+    # The hot path wraps its cursor itself, as `_prepare_cursor` does when queries are not logged.
+    prepare = inspect.getsource(BaseDatabaseWrapper._prepare_cursor)
+    assert "self.validate_thread_sharing()" in prepare and "self.make_cursor(cursor)" in prepare, UPGRADE
+    assert "utils.CursorWrapper(cursor, self)" in inspect.getsource(BaseDatabaseWrapper.make_cursor), UPGRADE
 
 
 def test_postgresqls_server_binding_cursor_is_there():
@@ -207,6 +211,25 @@ def test_on_postgresql_a_session_in_another_time_zone_keeps_djangos_timestamp_lo
     finally:
         with connection.cursor() as orm:
             orm.execute("SET TIME ZONE 'UTC'")
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the hot path's cursor is PostgreSQL's")
+def test_on_postgresql_the_hot_path_cursor_fetches_through_its_own_methods_and_still_translates_errors(db):
+    """Django's cursor wrapper builds a new error-translating function at every `fetchone`
+    (`__getattr__`); the hot path's wrapper has the fetches as methods."""
+    from django.db import ProgrammingError
+    from django.db.backends.utils import CursorWrapper
+
+    wrapped = sql.cursor(connection)
+    assert isinstance(wrapped, CursorWrapper)
+    assert {"fetchone", "fetchmany", "fetchall"} <= set(vars(type(wrapped)))
+    wrapped.execute("SELECT %s::int UNION ALL SELECT 2", [1])
+    assert (wrapped.fetchone(), wrapped.fetchmany(1), wrapped.fetchall()) == ((1,), [(2,)], [])
+    wrapped.execute("SELECT set_config('application_name', %s, true)", ["x"])
+    wrapped.execute("SET LOCAL statement_timeout = 0")
+    with pytest.raises(ProgrammingError):  # Django's, not psycopg's: no result to fetch
+        wrapped.fetchone()
 
 
 def test_an_instance_loaded_from_the_database_is_still_its_dict_and_its_state(agent):
