@@ -232,6 +232,33 @@ def test_on_postgresql_the_hot_path_cursor_fetches_through_its_own_methods_and_s
         wrapped.fetchone()
 
 
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the hot path's cursor is PostgreSQL's")
+def test_on_postgresql_a_pooled_connection_keeps_its_hot_path_cursor_from_one_thread_to_the_next(db):
+    """The web server's request threads each have their own Django connection, and take a
+    connection from psycopg's pool for each request: the hot path's cursor (and the adapters it
+    keeps) stays with the pooled connection, not with the thread's Django connection."""
+    from django.db import connections
+
+    settings_dict = {**connection.settings_dict,
+                     "OPTIONS": {**connection.settings_dict["OPTIONS"], "pool": {"min_size": 1, "max_size": 1}}}
+    # Two threads' Django connections (alias "default": their own pool, shared by both).
+    threads = [type(connections["default"])(settings_dict, alias="default") for _ in range(2)]
+    try:
+        seen = []
+        for django_connection in (*threads, *threads):  # four requests, each on the pool's one connection
+            django_connection.ensure_connection()
+            wrapped = sql.cursor(django_connection)
+            wrapped.execute("SELECT %s::int", [7])
+            assert wrapped.fetchone() == (7,)
+            seen.append((django_connection.connection, wrapped.cursor))
+            django_connection.close()  # back to the pool
+        assert len({id(raw) for raw, _ in seen}) == 1  # the same pooled connection every time
+        assert len({id(cursor) for _, cursor in seen}) == 1
+    finally:
+        threads[0].close_pool()
+
+
 def test_an_instance_loaded_from_the_database_is_still_its_dict_and_its_state(agent):
     """`loaded_instance` builds what `Model.from_db` builds: the loaded values in `__dict__` by
     attribute name and a `ModelState` saying where it came from."""
