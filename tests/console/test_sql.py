@@ -384,3 +384,40 @@ def test_values_of_gives_every_column_by_attribute_name_and_leaves_an_unset_auto
     assert sql.values_of(event)["id"] == 41
     deferred = Operation.objects.only("pk", "status").get(pk=operation.pk)  # the others read on demand
     assert sql.values_of(deferred) == sql.values_of(Operation.objects.get(pk=operation.pk))
+
+
+def test_fetchone_each_gives_each_statements_first_row_in_order(agent):
+    operation = make_operation(agent)
+    table = Operation._meta.db_table
+    rows = sql.fetchone_each(connection, [
+        (f'SELECT "operation_id" FROM "{table}" WHERE "operation_id" = %s', [operation.pk]),
+        (f'SELECT "operation_id" FROM "{table}" WHERE "operation_id" = %s', ["op_none"]),
+        ("SELECT %s, %s", [1, "two"]),
+    ])
+    assert rows == [(operation.pk,), None, (1, "two")]
+
+
+def test_fetchone_each_fails_as_a_statement_alone_fails_and_leaves_the_connection_usable(agent):
+    from django.db import DatabaseError
+
+    with pytest.raises(DatabaseError), transaction.atomic():  # Django's error, not the driver's
+        sql.fetchone_each(connection, [("SELECT 1", []), ("SELECT * FROM no_such_table", [])])
+    assert sql.fetchone(connection, "SELECT %s", [3]) == (3,)
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="pipeline mode is PostgreSQL's")
+def test_on_postgresql_fetchone_each_sends_its_statements_in_one_go(agent):
+    """psycopg's pipeline mode: the statements (and the BEGIN of the transaction they open) go in
+    one round trip instead of one each; the server still runs them in order."""
+    in_a_pipeline = []
+
+    def watch(execute, sql_text, params, many, context):
+        in_a_pipeline.append((sql_text, context["connection"].connection._pipeline is not None))
+        return execute(sql_text, params, many, context)
+
+    with connection.execute_wrapper(watch), transaction.atomic():
+        rows = sql.fetchone_each(connection, [("SELECT %s::int", [1]), ("SELECT %s::int", [2])])
+    assert rows == [(1,), (2,)]
+    assert [text for text, together in in_a_pipeline if together] == ["SELECT %s::int", "SELECT %s::int"]
+    assert connection.connection._pipeline is None  # left when done
