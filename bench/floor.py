@@ -9,8 +9,7 @@ language, that keeps these writes and these commits.
 
 Three shapes:
 - "one at a time" (the floor): the statements one at a time, with psycopg's own `BEGIN` per
-  transaction: one round trip per statement (the lifecycle itself sends the proposal's first
-  two, and their BEGIN, in one);
+  transaction, as the service layer sends them (the same round trips);
 - "pipelined": each transaction sent in one go (pipeline mode, one sync), the fewest round
   trips these transactions can have;
 - "through Django": one at a time through this thread's Django connection, in Django's atomic
@@ -75,20 +74,10 @@ def record(lifecycle: Callable[[str, str], str]) -> Recording:
 
     transactions: list[Transaction] = []
     open_tx: list[Transaction] = []
-    # Statements sent in a pipeline (`sql.fetchone_each`) have no row count until the pipeline
-    # syncs: read once it has, before their cursor runs anything else.
-    pending: list[tuple[Transaction, int, Any]] = []
-
-    def settle_pending() -> None:
-        for tx, index, cursor in pending:
-            tx.rowcounts[index] = cursor.rowcount
-        pending.clear()
 
     def wrapper(execute, sql, params, many, context):
         if many:
             raise RuntimeError("executemany is not on the lifecycle's path; the floor cannot replay it")
-        if context["connection"].connection._pipeline is None:
-            settle_pending()
         if not context["connection"].in_atomic_block:
             tx = Transaction(autocommit=True)
             transactions.append(tx)
@@ -99,14 +88,11 @@ def record(lifecycle: Callable[[str, str], str]) -> Recording:
         result = execute(sql, params, many, context)
         tx.statements.append((sql, params))
         tx.rowcounts.append(context["cursor"].rowcount)
-        if context["connection"].connection._pipeline is not None:
-            pending.append((tx, len(tx.rowcounts) - 1, context["cursor"]))
         return result
 
     original_commit = connection.commit
 
     def recording_commit() -> None:
-        settle_pending()
         original_commit()
         if open_tx:
             transactions.append(open_tx.pop())

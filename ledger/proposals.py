@@ -422,15 +422,14 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operati
     miss each other. On SQLite the IMMEDIATE transaction already serializes.
     """
     connection = sql.connection_for(Task)
+    lease_row = sql.fetchone(connection, _lease_sql(connection.vendor), [task_id, principal.tenant_id])
     if for_claim:
         statement = _task_for_claim_sql(connection.vendor)
         params = [call_id, operation_id, OperationStatus.DISPATCHED, principal.pk, tool_name, task_id,
                   principal.tenant_id]
     else:
         statement, params = _task_sql(connection.vendor), [call_id, operation_id, task_id, principal.tenant_id]
-    # Sent together (one round trip on PostgreSQL), run in this order.
-    lease_row, row = sql.fetchone_each(connection, [(_lease_sql(connection.vendor), [task_id, principal.tenant_id]),
-                                                    (statement, params)])
+    row = sql.fetchone(connection, statement, params)
     if for_claim and row is not None and row[-2] != row[-1]:
         row = sql.fetchone(connection, statement, params)  # in a snapshot that has the change
     if row is None:

@@ -58,36 +58,35 @@ def queries_logged(connection) -> bool:
     return connection.queries_logged
 
 
-def server_binding_cursor(connection, index: int = 0):
+def server_binding_cursor(connection):
     """A Django cursor wrapper (execute wrappers, query logging, error translation) around a
     psycopg cursor that binds parameters on the server, which psycopg prepares once a statement
     has run `prepare_threshold` times, and that keeps every statement's split into parameters
-    (`_kept_split`). PostgreSQL with psycopg 3 only; the connection is open. `index`: which of
-    the connection's kept cursors (statements sent together in a pipeline each need their own)."""
+    (`_kept_split`). PostgreSQL with psycopg 3 only; the connection is open."""
     with connection.wrap_database_errors:
-        cursor = _kept_cursor(connection, index)
+        cursor = _kept_cursor(connection)
         if connection.queries_logged:
             return connection._prepare_cursor(cursor)  # Django's wrapper that logs each statement
         connection.validate_thread_sharing()  # as `_prepare_cursor` does before it wraps
         return _hot_path_wrapper_class()(cursor, connection)
 
 
-# The hot path's psycopg cursors of each psycopg connection, by the connection's id (beside it,
-# so that a new connection at the same address is not taken for it). Kept with the psycopg
+# The hot path's psycopg cursor of each psycopg connection, by the connection's id (beside it, so
+# that a new connection at the same address is not taken for it). Kept with the psycopg
 # connection rather than with Django's: the web server's pool hands a connection to one request
 # thread's Django connection, then to another's. At most this many (then it starts again): a
 # process's pool holds a few, replaced now and then.
 KEPT_CURSORS = 64
-_kept_cursors: dict[tuple[int, int], tuple[Any, bool, Any]] = {}
+_kept_cursors: dict[int, tuple[Any, bool, Any]] = {}
 
 
-def _kept_cursor(connection, index: int):
+def _kept_cursor(connection):
     raw = connection.connection
     # Django loads timestamptz with a Python subclass of psycopg's loader that sets the value's
     # zone to the connection's; psycopg's own (C) loader gives the session's zone, the same one
     # when the session is in it (Django sets it so when it connects).
     own_loader = raw.info.timezone == connection.timezone
-    kept = _kept_cursors.get((id(raw), index))
+    kept = _kept_cursors.get(id(raw))
     if kept is not None and kept[0] is raw and kept[1] == own_loader and not kept[2].closed:
         return kept[2]
     cursor = _hot_path_cursor_class()(raw)
@@ -97,7 +96,7 @@ def _kept_cursor(connection, index: int):
         cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
     if len(_kept_cursors) >= KEPT_CURSORS:
         _kept_cursors.clear()
-    _kept_cursors[(id(raw), index)] = (raw, own_loader, cursor)
+    _kept_cursors[id(raw)] = (raw, own_loader, cursor)
     return cursor
 
 

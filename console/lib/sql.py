@@ -176,50 +176,32 @@ def for_share(connection) -> str:
     return " FOR SHARE" if connection.vendor == "postgresql" else ""
 
 
-def cursor(connection, index: int = 0):
+def cursor(connection):
     """The cursor these statements run on. On PostgreSQL one that binds parameters on the
     server, so psycopg prepares a statement run often (settings: DATABASE_PREPARE_THRESHOLD)
     and the server stops parsing and planning it on every call; the ORM's own queries keep
     Django's client-side binding. Still Django's cursor wrapper: execute wrappers, query
-    logging and error translation see these statements like any other. Kept while the
-    connection lives (each thread has its own connection); `index` names one of several, for
-    statements sent together (`fetchone_each`)."""
+    logging and error translation see these statements like any other. One per connection,
+    kept while the connection lives (each thread has its own connection)."""
     connection.ensure_connection()
     logged = django_private.queries_logged(connection)
-    kept = connection.__dict__.get("_hot_path_cursors")
-    if kept is None or kept[0] is not connection.connection or kept[1] != logged:
-        kept = connection.__dict__["_hot_path_cursors"] = (connection.connection, logged, [])
-    wrappers = kept[2]
-    while len(wrappers) <= index:
-        if connection.vendor == "postgresql" and not logged:
-            # Django logs a server-bound statement's text as None, so a connection whose
-            # queries are logged (DEBUG, assertNumQueries) gets Django's own cursor: the log
-            # stays readable.
-            wrappers.append(django_private.server_binding_cursor(connection, len(wrappers)))
-        else:
-            wrappers.append(connection.cursor())
-    return wrappers[index]
+    kept = connection.__dict__.get("_hot_path_cursor")
+    if kept is not None and kept[0] is connection.connection and kept[1] == logged:
+        return kept[2]
+    if connection.vendor == "postgresql" and not logged:
+        # Django logs a server-bound statement's text as None, so a connection whose queries
+        # are logged (DEBUG, assertNumQueries) gets Django's own cursor: the log stays readable.
+        wrapped = django_private.server_binding_cursor(connection)
+    else:
+        wrapped = connection.cursor()
+    connection.__dict__["_hot_path_cursor"] = (connection.connection, logged, wrapped)
+    return wrapped
 
 
 def fetchone(connection, sql: str, params: Sequence[Any]) -> Row | None:
     cur = cursor(connection)
     cur.execute(sql, params)
     return cur.fetchone()
-
-
-def fetchone_each(connection, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Row | None]:
-    """The first row of each statement (None where it has none), run in order. On PostgreSQL
-    they go in one round trip (psycopg's pipeline mode), with the BEGIN of the transaction they
-    open: the server still runs them one after the other, so locks are taken in their order,
-    and the first that fails stops the rest, as one after the other would. Elsewhere, and while
-    queries are logged, one at a time."""
-    if connection.vendor != "postgresql" or django_private.queries_logged(connection):
-        return [fetchone(connection, sql, params) for sql, params in statements]
-    cursors = [cursor(connection, index) for index in range(len(statements))]
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        for cur, (sql, params) in zip(cursors, statements, strict=True):
-            cur.execute(sql, params)
-        return [cur.fetchone() for cur in cursors]
 
 
 def fetchall(connection, sql: str, params: Sequence[Any]) -> list[Row]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus, Tool
@@ -340,26 +339,3 @@ def test_a_lost_race_on_the_operation_is_answered_from_the_ledger(agent, running
     assert (again.operation_id, again.created) == (first.operation_id, False)
     assert (Operation.objects.count(), Call.objects.count()) == (1, 2)
     assert not Event.objects.filter(entity="operation").exclude(entity_id=first.operation_id).exists()
-
-
-@pytest.mark.postgres
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="pipeline mode is PostgreSQL's")
-@pytest.mark.parametrize("dispatch_here", [False, True], ids=["published", "dispatched in the request"])
-def test_on_postgresql_a_proposal_reads_its_lease_and_task_in_one_round_trip(agent, dispatch_here):
-    run = start_task(agent)
-    sent = []
-
-    def watch(execute, sql_text, params, many, context):
-        sent.append((sql_text, context["connection"].connection._pipeline is not None))
-        return execute(sql_text, params, many, context)
-
-    with connection.execute_wrapper(watch):
-        call_propose(principal=agent, task_id=run.task_id, call_id="c1", step_id="s1", tool_name="orders.lookup",
-                     arguments={"order_id": "A-1"}, expected_version=run.version, fencing_token=run.fencing_token,
-                     dispatch_here=dispatch_here)
-    from ledger import queries
-
-    task_sql = (queries.task_for_claim_sql if dispatch_here else queries.task_sql)(connection.vendor)
-    # The lease, then the task: locked in that order, and nothing else sent with them.
-    assert [text for text, together in sent if together] == [queries.lease_sql(connection.vendor), task_sql]
-
