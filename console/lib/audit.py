@@ -35,15 +35,20 @@ def chain_of(tenant_id: int | None) -> str:
     return "none" if tenant_id is None else f"tenant:{tenant_id}"
 
 
+# Sorted keys, no spaces, UTF-8: the same text for a value read back from jsonb (which reorders
+# keys) as for the value written. One encoder for every hash (`json.dumps` with these options
+# builds one per call; every event is hashed as it is written).
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _json(value: Any) -> str:
-    # Sorted keys, no spaces, UTF-8: the same text for a value read back from jsonb (which
-    # reorders keys) as for the value written.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def content_bytes(row: Event) -> bytes:
     """What `content_hash` covers: every field the application writes, as one JSON array."""
-    created_at = row.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # YYYY-MM-DDTHH:MM:SS.ffffffZ, always six digits (isoformat: "+00:00" replaced).
+    created_at = row.created_at.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
     return _json([
         "countersign-event-v1", row.tenant_id, row.entity, str(row.entity_id), row.kind, row.from_status,
         row.to_status, row.actor, row.reason, row.evidence, created_at,

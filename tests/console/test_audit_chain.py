@@ -4,6 +4,7 @@ application's back (raw SQL, with the append-only trigger off on PostgreSQL)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 
@@ -207,3 +208,20 @@ def test_a_chain_is_read_in_pages_of_bounded_size_and_a_break_across_pages_is_fo
 
     assert audit.verify_chain(tenant.pk, chunk_size=3) == audit.Break(
         f"tenant:{tenant.pk}", events[5].pk, "removed", "rows 5..5 are missing before this one")
+
+
+def test_the_content_hash_covers_the_bytes_docs_security_md_gives_an_auditor():
+    """The format is a promise to whoever checks a dump without this code: it must never
+    change with the code that writes it (docs/security.md)."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    row = Event(tenant_id=7, entity="operation", entity_id="op_1", kind="transition", from_status="authorized",
+                to_status="dispatched", actor="agent:a", reason="r", evidence={"b": [1, 2.5], "a": "é"},
+                created_at=datetime(2026, 12, 4, 17, 5, 6, 7, tzinfo=timezone(timedelta(hours=2))))
+    expected = ('["countersign-event-v1",7,"operation","op_1","transition","authorized","dispatched","agent:a","r",'
+                '{"a":"é","b":[1,2.5]},"2026-12-04T15:05:06.000007Z"]').encode()
+    assert audit.content_bytes(row) == expected
+    assert audit.content_hash(row) == hashlib.sha256(expected).hexdigest()
+    row.tenant_id, row.created_at = None, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert audit.content_bytes(row).endswith(b',"2026-01-02T03:04:05.000000Z"]')
+    assert audit.content_bytes(row).startswith(b'["countersign-event-v1",null,')
