@@ -10,8 +10,11 @@ tests/console/test_django_private.py fails, naming what moved, when an upgrade c
   PostgreSQL's `ServerBindingCursor`: a cursor that binds parameters on the server, so psycopg
   prepares the hot path's statements and PostgreSQL stops parsing and planning them on every
   call, while the ORM's own queries keep client-side binding. Still wrapped by Django
-  (execute wrappers, query logging, error translation). The gain is measured in
-  docs/benchmarks.md ("Prepared statements on PostgreSQL").
+  (execute wrappers, query logging, error translation): by a subclass of `CursorWrapper` whose
+  fetches are methods, built as `_prepare_cursor` builds Django's when queries are not logged.
+  The psycopg cursor is kept with its psycopg connection, which the web server's pool hands
+  from one request thread to another. The gain is measured in docs/benchmarks.md ("Prepared
+  statements on PostgreSQL"; session 23 for the rest).
 - psycopg's `PostgresQuery` (`convert`, `dump`, the attributes `convert` sets) and
   `_queries._query2pg_nocache`: that cursor keeps the split of a statement's text into its
   parameters for statements longer than psycopg keeps it for (the proposal's writing statement).
