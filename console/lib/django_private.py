@@ -109,7 +109,16 @@ def _hot_path_wrapper_class():
 
     class HotPathCursorWrapper(CursorWrapper):
         """Django's cursor wrapper, whose `__getattr__` builds a new error-translating function
-        for every fetch; here the fetches are methods that translate errors the same way."""
+        for every fetch; here the fetches are methods that translate errors the same way. Its
+        `execute` builds a context and walks the execute wrappers for every statement; here
+        only while one is installed, with Django's other checks either way."""
+
+        def execute(self, sql, params=None):
+            if self.db.execute_wrappers:
+                return super().execute(sql, params)
+            self.db.validate_no_broken_transaction()
+            with self.db.wrap_database_errors:
+                return self.cursor.execute(sql, params)
 
         def fetchone(self):
             with self.db.wrap_database_errors:

@@ -71,6 +71,14 @@ def test_the_cursor_internals_are_there():
     prepare = inspect.getsource(BaseDatabaseWrapper._prepare_cursor)
     assert "self.validate_thread_sharing()" in prepare and "self.make_cursor(cursor)" in prepare, UPGRADE
     assert "utils.CursorWrapper(cursor, self)" in inspect.getsource(BaseDatabaseWrapper.make_cursor), UPGRADE
+    # The hot path's `execute` does what Django's does when no execute wrapper is installed.
+    from django.db.backends.utils import CursorWrapper
+
+    assert "for wrapper in reversed(self.db.execute_wrappers)" in inspect.getsource(
+        CursorWrapper._execute_with_wrappers), UPGRADE
+    execute = inspect.getsource(CursorWrapper._execute)
+    assert "self.db.validate_no_broken_transaction()" in execute, UPGRADE
+    assert "with self.db.wrap_database_errors:" in execute and "self.cursor.execute(sql, params)" in execute, UPGRADE
 
 
 def test_postgresqls_server_binding_cursor_is_there():
@@ -230,6 +238,37 @@ def test_on_postgresql_the_hot_path_cursor_fetches_through_its_own_methods_and_s
     wrapped.execute("SET LOCAL statement_timeout = 0")
     with pytest.raises(ProgrammingError):  # Django's, not psycopg's: no result to fetch
         wrapped.fetchone()
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the hot path's cursor is PostgreSQL's")
+def test_on_postgresql_the_hot_path_cursor_executes_through_its_own_method_with_djangos_checks(db):
+    """Django's `execute` builds a context and walks the execute wrappers for every statement;
+    the hot path's wrapper does that only while one is installed, and keeps the other checks:
+    a broken transaction refuses the statement, and errors are Django's."""
+    from django.db import ProgrammingError, transaction
+    from django.db.transaction import TransactionManagementError
+
+    wrapped = sql.cursor(connection)
+    assert "execute" in vars(type(wrapped))
+    seen = []
+
+    def wrapper(execute, statement, params, many, context):
+        seen.append((statement, params, many, context["cursor"] is wrapped))
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        wrapped.execute("SELECT %s::int", [3])
+        assert wrapped.fetchone() == (3,)
+    wrapped.execute("SELECT %s::int", [4])  # the wrapper is gone: not called again
+    assert wrapped.fetchone() == (4,)
+    assert seen == [("SELECT %s::int", [3], False, True)]
+    with pytest.raises(ProgrammingError), transaction.atomic():  # Django's error, not psycopg's
+        wrapped.execute("SELECT no_such_column FROM console_tenant")
+    with transaction.atomic():
+        transaction.set_rollback(True)
+        with pytest.raises(TransactionManagementError):
+            wrapped.execute("SELECT 1")
 
 
 @pytest.mark.postgres
