@@ -25,6 +25,7 @@ from pathlib import Path
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 from console.lib import datagram
@@ -60,13 +61,14 @@ def ring_doorbell_on_commit(events) -> None:
     after commit, saying what they moved."""
     moved = [(event.entity, event.entity_id, event.to_status) for event in events
              if event.kind in _MOVING_KINDS and event.to_status]
-    for entry in transaction.get_connection().run_on_commit:
+    connection = transaction.get_connection()
+    for entry in connection.run_on_commit:
         if isinstance(entry[1], TransactionRing):  # already rung once for this transaction
             entry[1].moved += moved
             return
     ring = TransactionRing()
     ring.moved += moved
-    transaction.on_commit(ring)
+    connection.on_commit(ring)
 
 
 # Event kinds whose rows say a record moved (Event.Kind.CREATED, Event.Kind.TRANSITION), as
@@ -78,8 +80,6 @@ def _ring(moved: Moved | None = None) -> None:
     """After commit, in the committing thread: hand the ring over and return at once. The agent's
     answer (in the server) or the next step of a dispatch (in a worker) does not wait for it.
     `moved`: what the commit moved (None: not known)."""
-    from django.conf import settings
-
     try:
         loop = SERVER_LOOP
         if loop is not None and loop.is_running():
@@ -245,15 +245,11 @@ def _send_last_rings() -> None:
 # server is one per PORT); a commit in another process (the worker) sends one datagram there, and
 # the server turns it into a ring of its in-memory layer on its loop.
 def embedded_doorbell_path() -> Path:
-    from django.conf import settings
-
     return Path(_path_text(str(settings.VAR_DIR), settings.PORT))
 
 
 def _ring_embedded_server() -> None:
     # No server, a stale socket, or the server is behind (it has a ring to read anyway): dropped.
-    from django.conf import settings
-
     datagram.send(_path_text(str(settings.VAR_DIR), settings.PORT))
 
 

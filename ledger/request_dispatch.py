@@ -27,6 +27,7 @@ pile up the server's threads, and past that many the calls go to the workers, as
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -71,7 +72,13 @@ def applies(tool: Tool) -> bool:
 
 def server_name() -> str:
     """The attempt's `worker`: which server ran it."""
-    return f"server:{socket.gethostname()}:{os.getpid()}"
+    return _server_name(os.getpid())
+
+
+@functools.lru_cache(maxsize=1)
+def _server_name(pid: int) -> str:
+    # By process: a forked child names itself. The host's name is asked once, not per dispatch.
+    return f"server:{socket.gethostname()}:{pid}"
 
 
 def claim(operation: Operation, *, circuit_until, in_flight: int,

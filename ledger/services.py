@@ -168,7 +168,7 @@ def operation_record_outcome(
     (the retry budget is spent) ends in `failed`, otherwise in `retry_safe`. The dispatcher
     passes the `operation` it claimed and its `worker` name, which saves reading them again.
     """
-    if fact not in Fact.values:
+    if fact not in _OUTCOME_STATUS:  # every fact has its status (Fact.values builds a list per call)
         raise InvalidInput(f"Unknown fact {fact!r}.")
     if fact == Fact.KNOWN_SUCCESS and not receipt:
         raise InvalidInput("A known success needs a receipt.")

@@ -316,9 +316,15 @@ def update(model: type[models.Model], *, where: dict[str, Any], values: dict[str
 
 
 def _where_value(model: type[models.Model], name: str, value: Any, connection) -> Any:
+    """What `field.get_db_prep_value(value, connection, prepared=False)` returns, without its
+    calls where the value goes to the database as it is (as `prep`)."""
     if isinstance(value, models.Model):
         value = value.pk
-    return _field(model, name).get_db_prep_value(value, connection, prepared=False)
+    field = _field(model, name)
+    kind = _kind(field)
+    if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
+        return value
+    return field.get_db_prep_value(value, connection, prepared=False)
 
 
 @cache

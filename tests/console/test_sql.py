@@ -269,6 +269,21 @@ def test_prep_gives_what_the_fields_own_preparation_gives_for_every_column_and_k
             assert _adapted(prepped) == _adapted(expected), (field.name, value)
 
 
+@pytest.mark.parametrize("model", [Operation, Attempt, Event, Step, Task])
+def test_a_where_value_is_what_the_fields_own_preparation_gives_for_every_column_and_kind_of_value(model):
+    """The values a hand-written statement compares with skip Django's field methods where they
+    can, as `prep` does: what they give must be what those give."""
+    values = [None, "text", Event.Kind.TRANSITION, 7, True, {"k": [1, 2]}, Decimal("12.50"), timezone.now()]
+    for field in model._meta.concrete_fields:
+        for value in values:
+            try:
+                expected = field.get_db_prep_value(value, connection, prepared=False)
+            except (TypeError, ValueError, ArithmeticError, AttributeError, ValidationError):
+                continue  # not a value of this field
+            assert _adapted(sql._where_value(model, field.name, value, connection)) == _adapted(expected), (
+                field.name, value)
+
+
 @pytest.mark.parametrize("step_there", [False, True], ids=["new step", "step already there"])
 def test_update_then_write_inserts_a_row_or_takes_the_one_there_and_a_later_row_names_its_key(agent, step_there):
     operation = make_operation(agent)

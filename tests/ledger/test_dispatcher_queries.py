@@ -82,7 +82,7 @@ def test_a_dispatch_runs_one_commit_hook_per_commit_the_doorbell(run_at_once, mo
     """The hooks after the claim's commit run before the provider is called, inside the
     ledger's "provider" stage, and the receipt's before the worker takes its next call: in a
     worker both are the events doorbell's ring (a Redis round trip), and nothing else."""
-    from django.db import transaction
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
     from console import doorbell
 
@@ -91,13 +91,13 @@ def test_a_dispatch_runs_one_commit_hook_per_commit_the_doorbell(run_at_once, mo
     registered: list[object] = []
     monkeypatch.setattr(doorbell, "SERVING", True)  # the ring is registered as in a worker with Redis
     monkeypatch.setattr(doorbell, "_ring", lambda moved=None: rings.append("ring"))
-    on_commit = transaction.on_commit
+    on_commit = BaseDatabaseWrapper.on_commit  # where transaction.on_commit registers a hook too
 
-    def recording(func, using=None, robust=False):
+    def recording(self, func, robust=False):
         registered.append(func)
-        return on_commit(func, using=using, robust=robust)
+        return on_commit(self, func, robust=robust)
 
-    monkeypatch.setattr(transaction, "on_commit", recording)
+    monkeypatch.setattr(BaseDatabaseWrapper, "on_commit", recording)
 
     assert dispatcher.run_dispatch(operation.operation_id, worker="test") == S.CONFIRMED
 
