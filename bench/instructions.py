@@ -7,7 +7,8 @@ that no load on the machine moves.
 On a shared machine the CPU time of the same code drifts by a third within minutes (other
 tenants' load, frequency), which swamps a change of 10 %. Callgrind counts the instructions the
 process executes instead: the same code, inputs and environment give the same count, whatever
-else runs.
+else runs. String hashing is seeded alike in every run (PYTHONHASHSEED=0 unless it is set), so
+that the layout of dicts and sets does not differ from one run to the next.
 
 One lifecycle is `bench/ledger.py`'s (`call_propose` with `dispatch_here`, which claims in the
 proposal's transaction, then `dispatcher.settle`: the in-process no-op provider, the receipt), in
@@ -136,7 +137,7 @@ def counted(root: Path, url: str, lifecycles: int, target: str) -> int:
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, str(Path(__file__)),
          "--child", str(root), "--lifecycles", str(lifecycles), "--target", target],
-        env={**os.environ, "DATABASE_URL": url}, capture_output=True, text=True, check=False)
+        env={"PYTHONHASHSEED": "0", **os.environ, "DATABASE_URL": url}, capture_output=True, text=True, check=False)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise RuntimeError(f"callgrind run of {root} failed ({done.returncode}): {done.stderr[-2000:]}")
