@@ -150,22 +150,24 @@ def claim_new(operation: Operation, *, worker: str, circuit_until, in_flight: in
     """Step 5 for a call its proposal has not written yet, in the proposal's transaction (the
     request that proposed it dispatches it: ledger/request_dispatch.py).
 
-    The gate decided on this call moments before, in the same transaction, with the agent
-    share-locked and the configuration held still until the commit. So every re-check of the
-    claim already has its answer: a stop or a paused task refused the proposal, the task is
-    running, the tool's schema is the one validated, and the policy's verdict is the gate's.
-    Left are the load guards, which are not about authority: an open circuit, another operation
-    on the same business object in flight, the tenant at its limit. They defer the call (the
-    caller inserts it `authorized` and settles the Deferred once it committed).
+    The gate decided on this call moments before, in the same transaction, on the agent's row
+    and the configuration that the proposal's write checks are unchanged and share-locks until
+    the commit (`ledger.proposals._authority_moved`: moved, nothing is written and the proposal
+    reads again). So every re-check of the claim already has its answer: a stop or a paused task
+    refused the proposal, the task is running, the tool's schema is the one validated, and the
+    policy's verdict is the gate's. Left are the load guards, which are not about authority: an
+    open circuit, another operation on the same business object in flight, the tenant at its
+    limit. They defer the call (the caller inserts it `authorized` and settles the Deferred once
+    it committed).
 
     Otherwise `operation` (unsaved) goes in `dispatched`: the attempt and the event rows to
     insert with it are returned (`services.operation_created_dispatched`; `created` names the
-    gate's authorization), and `settle` calls the provider once they committed."""
+    gate's authorization), and `settle` calls the provider once they committed. The proposal
+    calls the seam before that commit, after its write."""
     now = timezone.now()
     deferred = _load_guards(operation, circuit_until=circuit_until, in_flight=in_flight, now=now)
     if deferred:
         return deferred
-    seam("before_dispatch_commit", operation.operation_id)
     return services.operation_created_dispatched(operation, worker=worker, deadline=_deadline(operation.tool, now),
                                                  **created)
 

@@ -48,10 +48,11 @@ from console.tracing import tracer
 from ledger import request_dispatch
 from ledger import services as ledger_services
 from ledger.models import Attempt, Call, Operation, OperationStatus, ToolCircuit
-from ledger.queries import PROPOSAL_TASK_FIELDS
+from ledger.queries import AUTHORITY_MOVED_SQL, PROPOSAL_TASK_FIELDS
 from ledger.queries import lease_sql as _lease_sql
 from ledger.queries import task_for_claim_sql as _task_for_claim_sql
 from ledger.queries import task_sql as _task_sql
+from ledger.seams import seam
 from ledger.selectors import (
     GATE_ACTOR,
     CallOutcome,
@@ -124,19 +125,35 @@ def call_propose(
                     arguments=arguments, expected_version=expected_version, fencing_token=fencing_token,
                     args_json=args_json, args_hash=digest(args_json), dispatch_here=dispatch_here)
     try:
-        try:
-            return _propose(**proposal)
-        except _LostRace:
-            # Another writer inserted this call or operation after our reads (the task lock keeps
-            # agents out, not a compensation): everything was rolled back, and the second pass
-            # finds the ledger's row and answers from it.
-            return _propose(**proposal)
+        for _ in range(PROPOSAL_PASSES):
+            try:
+                return _propose(**proposal)
+            except _LostRace:
+                # Another writer inserted this call or operation after our reads (the task lock
+                # keeps agents out, not a compensation): everything was rolled back, and the
+                # next pass finds the ledger's row and answers from it.
+                continue
+            except _AuthorityMoved:
+                # The agent's row or the configuration changed between the reads and the write
+                # of a dispatching proposal: nothing was written, the next pass reads them again.
+                continue
     except _InvalidArguments as invalid:
         _record_invalid_arguments(invalid, principal=principal, call_id=call_id, step_id=step_id)
         raise invalid.error from None
+    raise Conflict("The agent or the configuration changed while the call was proposed, at every try; "
+                   "nothing was written. Propose it again.", details={"call_id": call_id})
+
+
+# Passes of a proposal that lost a race or found its authority moved (both rare: the second
+# pass almost always answers).
+PROPOSAL_PASSES = 3
 
 
 class _LostRace(Exception):
+    pass
+
+
+class _AuthorityMoved(Exception):
     pass
 
 
@@ -185,7 +202,8 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
             for_claim=dispatch_here)
         if claim_reads is not None:
             # The agent as it is now, not as the request's authentication found it: the gate
-            # below and the claim check the same row, share-locked until the commit.
+            # below and the claim check the same row, which the write finds unchanged and
+            # share-locks until the commit (`_authority_moved`).
             principal = claim_reads.principal
 
         if known_call:
@@ -278,22 +296,31 @@ def _propose(*, principal: AgentPrincipal, task_id: str, call_id: str, step_id: 
         audit_entry = [(AuditReview, audit.audit_entry_values(
             operation_id=operation_id, tenant_id=task.tenant_id, tool_id=tool.pk, call_id=call_id,
             risk_tier=result.risk_tier, requested_by_id=principal.pk, created_at=now))] if audited else []
-        written = sql.update_then_write(
-            Task, where={"pk": task.pk}, values=spent, ignore_conflicts=True,
-            inserts=[sql.Existing(Step, {"task": task, "step_id": step_id, "created_at": now}, on=("task", "step_id")),
-                     (Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
-                             "arguments_hash": args_hash, "created_at": now}),
-                     (Operation, {**sql.values_of(operation), "step_id": sql.Key(0)}),
-                     *([(Attempt, sql.values_of(attempt))] if attempt is not None else []),
-                     *audit_entry,
-                     *[(Event, sql.values_of(event)) for event in events]],
-            updates=run_services.budget_counters_spend(
-                counters, writes=spent["writes_used"] - task.writes_used, amount=gate.call_amount(tool, arguments)))
+        try:
+            written = sql.update_then_write(
+                Task, where={"pk": task.pk}, values=spent, ignore_conflicts=True,
+                inserts=[sql.Existing(Step, {"task": task, "step_id": step_id, "created_at": now},
+                                      on=("task", "step_id")),
+                         (Call, {"task": task, "call_id": call_id, "operation_id": operation_id,
+                                 "arguments_hash": args_hash, "created_at": now}),
+                         (Operation, {**sql.values_of(operation), "step_id": sql.Key(0)}),
+                         *([(Attempt, sql.values_of(attempt))] if attempt is not None else []),
+                         *audit_entry,
+                         *[(Event, sql.values_of(event)) for event in events]],
+                updates=run_services.budget_counters_spend(
+                    counters, writes=spent["writes_used"] - task.writes_used, amount=gate.call_amount(tool, arguments)),
+                # Dispatched: the agent's row and the configuration as the gate judged them, held
+                # to the commit (the claim's authority at the moment of effect).
+                unless=_authority_moved(claim_reads) if attempt is not None else None)
+        except sql.Declined:
+            raise _AuthorityMoved from None
         if written is None:
             raise _LostRace
         step_pk, call_pk, operation_pk, *rest = written
         if call_pk is None or operation_pk is None:
             raise _LostRace
+        if attempt is not None:
+            seam("before_dispatch_commit", operation_id)
         operation.step_id = step_pk
         operation._state.adding = False
         if attempt is not None:
@@ -402,9 +429,20 @@ def task_settle_waiting(*, task_id: str, actor: str, reason: str) -> None:
 class _ClaimReads:
     """What a dispatching proposal's first statements read for its claim (`task_for_claim_sql`)."""
 
-    principal: AgentPrincipal  # as it is now, share-locked
+    principal: AgentPrincipal  # as it is now (its row is share-locked by the write, if unchanged)
     circuit_until: Any
     in_flight: int
+    agent_version: str | None  # the agent's row version as read (PostgreSQL; None on SQLite)
+    token: str  # the configuration generation's token as read
+
+
+def _authority_moved(reads: _ClaimReads) -> sql.Unless | None:
+    """The write's check that the agent's row and the configuration are as the gate judged them
+    (`AUTHORITY_MOVED_SQL`), which share-locks both until the commit. None on SQLite, whose
+    writers take turns: nothing changes between the proposal's reads and its commit."""
+    if reads.agent_version is None:
+        return None
+    return AUTHORITY_MOVED_SQL, [reads.principal.pk, reads.agent_version, reads.token]
 
 
 def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operation_id: str, tool_name: str,
@@ -413,8 +451,8 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operati
     the operation are already in the ledger, and the gate's configuration as of this
     transaction (by its generation token): two statements. `for_claim`: the request will
     dispatch the call, so the task's statement also reads what the claim needs
-    (`task_for_claim_sql`) and holds the configuration still until the commit; a third runs
-    only when a configuration change committed while it waited (as in the claim).
+    (`task_for_claim_sql`), with the agent's row version and the token that the write checks
+    and share-locks to the commit (`_authority_moved`).
 
     Lock order lease → task, the order task_transition takes them in (it locks the lease, then
     updates the task row): the other order could deadlock against it on PostgreSQL. Holding the
@@ -430,8 +468,6 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operati
     else:
         statement, params = _task_sql(connection.vendor), [call_id, operation_id, task_id, principal.tenant_id]
     row = sql.fetchone(connection, statement, params)
-    if for_claim and row is not None and row[-2] != row[-1]:
-        row = sql.fetchone(connection, statement, params)  # in a snapshot that has the change
     if row is None:
         raise NotFound(f"No task {task_id}.", details={"task_id": task_id})
     task = sql.load(Task, row, connection=connection, only=PROPOSAL_TASK_FIELDS)
@@ -445,7 +481,8 @@ def _lock_task(*, principal: AgentPrincipal, task_id: str, call_id: str, operati
     agent = sql.load(AgentPrincipal, row, start, connection=connection)
     sql.attach(agent, "tenant", tenant)
     circuit = sql.load(ToolCircuit, row, start + sql.width(AgentPrincipal), connection=connection)
-    reads = _ClaimReads(principal=agent, circuit_until=circuit.open_until if circuit else None, in_flight=row[-3])
+    reads = _ClaimReads(principal=agent, circuit_until=circuit.open_until if circuit else None, in_flight=row[-3],
+                        agent_version=row[-2], token=row[-1])
     return task, lease, row[-5] is not None, row[-4] is not None, catalog.for_token(row[-1]), reads
 
 

@@ -138,17 +138,20 @@ def task_sql(vendor: str) -> str:
 def task_for_claim_sql(vendor: str) -> str:
     """`task_sql` for a proposal whose request will dispatch the call (ledger/request_dispatch.py),
     with what the claim reads beside it, so that the claim, in the same transaction, needs no
-    statement of its own: the agent (row share-locked, as the claim locks it), the tool's circuit
-    breaker verdict (or NULLs), the count of the tenant's operations in a status (dispatched),
-    and the configuration generation's token as of the snapshot, then share-locked (held until
-    the proposal commits; `claim_sql` says why twice). Scalars, in order: the call's id, the
-    operation's, the count, the two tokens. Parameters: the call id, the operation id, that
-    status, the agent's id, the tool's name, the task id, the tenant id."""
+    statement of its own: the agent, the tool's circuit breaker verdict (or NULLs), the count of
+    the tenant's operations in a status (dispatched), the agent's row version and the
+    configuration generation's token. Only the task's row is locked here: the agent's row and
+    the generation are share-locked by the proposal's write, if they are still as read
+    (`AUTHORITY_MOVED_SQL`). Scalars, in order: the call's id, the operation's, the count, the
+    agent's row version (PostgreSQL's `xmin`; NULL on SQLite, whose writers take turns), the
+    token. Parameters: the call id, the operation id, that status, the agent's id, the tool's
+    name, the task id, the tenant id."""
     connection = sql.connection_for(Task)
+    agent_version = "a.xmin::text" if vendor == "postgresql" else "NULL"
     return (f"SELECT {sql.columns(Task, 't', only=PROPOSAL_TASK_FIELDS)}, {sql.columns(Tenant, 'n')}, "
             f"{sql.columns(AgentPrincipal, 'a')}, "
             f"{sql.columns(ToolCircuit, 'r')}, {_KNOWN_CALL_AND_OPERATION}, "
-            f"{_in_flight(_col(Task, 'tenant', 't'))}, {_tokens(vendor)} "
+            f"{_in_flight(_col(Task, 'tenant', 't'))}, {agent_version}, {approval_queries.TOKEN_SUBQUERY} "
             f"FROM {sql.table(Task)} t "
             f"JOIN {sql.table(Tenant)} n ON {_col(Tenant, 'pk', 'n')} = {_col(Task, 'tenant', 't')} "
             f"JOIN {sql.table(AgentPrincipal)} a ON {_col(AgentPrincipal, 'pk', 'a')} = %s "
@@ -156,7 +159,22 @@ def task_for_claim_sql(vendor: str) -> str:
             f"LEFT JOIN {sql.table(ToolCircuit)} r ON {_col(ToolCircuit, 'tool', 'r')} = "
             f"(SELECT {_col(Tool, 'pk', 'u')} FROM {sql.table(Tool)} u WHERE {_col(Tool, 'name', 'u')} = %s) "
             f"WHERE {_col(Task, 'pk', 't')} = %s AND {_col(Task, 'tenant', 't')} = %s"
-            f"{_locks_sharing_the_agent(connection, 't')}")
+            f"{sql.for_update(connection, of='t')}")
+
+
+# A dispatching proposal's write goes ahead only if the agent's row and the configuration are
+# as its task statement read them (`task_for_claim_sql`), and share-locks both until its commit:
+# a change committed since is seen (a row here: nothing is written, the proposal reads again),
+# one that comes later waits for the commit. Held from the write, not from the task statement:
+# every dispatching proposal of an agent, and of the whole system for the generation, shares
+# these two rows, and held through the gate they made the proposals' locks pile up on them.
+# PostgreSQL only (SQLite's writers take turns: what the proposal read stays as it is).
+# Parameters: the agent's id, its row version as read, the token as read.
+AUTHORITY_MOVED_SQL = (
+    f"SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM {sql.table(AgentPrincipal)} a "
+    f"WHERE {_col(AgentPrincipal, 'pk', 'a')} = %s AND %s::text = a.xmin::text FOR SHARE) "
+    f"OR NOT EXISTS (SELECT 1 FROM {sql.table(PolicyGeneration)} g "
+    f"WHERE {_col(PolicyGeneration, 'pk', 'g')} = 1 AND {_col(PolicyGeneration, 'token', 'g')} = %s FOR SHARE)")
 
 
 # What a call's answer reads of its operation and of each attempt (ledger.selectors.call_detail),
@@ -240,6 +258,10 @@ SHAPES = {
         params=((Call, "call_id"), (Operation, "operation_id"), (Operation, "status"), (AgentPrincipal, "pk"),
                 (Tool, "name"), (Task, "task_id"), (Task, "tenant")),
         loads=(Task, Tenant, AgentPrincipal, ToolCircuit), scalars=5, only={Task: PROPOSAL_TASK_FIELDS}),
+    "AUTHORITY_MOVED_SQL": sql.Shape(
+        tables={"a": AgentPrincipal, "g": PolicyGeneration},
+        params=((AgentPrincipal, "pk"), None, (PolicyGeneration, "token")), scalars=1,
+        vendors=frozenset({"postgresql"})),
     "ANSWER_SQL": sql.Shape(
         tables={"o": Operation, "t": Tool, "s": Step, "k": Task, "a": Attempt, "c": Call},
         params=((Operation, "operation_id"), (Call, "operation")), scalars=_OPERATION_WIDTH + 3 + _ATTEMPT_WIDTH + 3),

@@ -8,8 +8,9 @@ anyway, so the server runs the dispatch itself (Temporal calls the same idea eag
 
 It is the worker's protocol, not a second one: the same fencing token, provider call and
 receipt, and the claim's checks at the moment of effect. The claim runs in the proposal's own
-transaction, where the gate has just judged the call on the same locked agent and held
-configuration, so only its load guards are left to check, before the write: the call is
+transaction, where the gate has just judged the call on the agent and the configuration that
+the write finds unchanged and share-locks until the commit, so only its load guards are left to
+check, before the write: the call is
 inserted `dispatched`, with its first attempt. One commit fewer than a worker's dispatch, no
 update of the row before the provider call, and no moment where the call is `authorized` with
 nothing on its way. Nothing is published for it.

@@ -61,8 +61,12 @@ def unquote(identifier: str) -> str:
     return identifier[1:-1].replace('""', '"') if identifier.startswith('"') else identifier
 
 
+# PostgreSQL's system columns a statement may read of any table (a row version: `xmin`).
+SYSTEM_COLUMNS = {"xmin"}
+
+
 def columns_of(model: type[models.Model]) -> set[str]:
-    return {field.column for field in model._meta.concrete_fields}
+    return {field.column for field in model._meta.concrete_fields} | SYSTEM_COLUMNS
 
 
 def top_level_split(text: str) -> list[str]:

@@ -302,6 +302,81 @@ def test_a_tool_disabled_while_a_waiting_proposal_runs_is_never_sent_unless_its_
     assert enqueued.dispatches == []
 
 
+def _meanwhile_at_the_claim(monkeypatch, change, *, passes: int = 1) -> list[bool]:
+    """While the proposal's request has read its task and judged its call (at its claim, before
+    its write), `change` runs and commits on a connection of its own, on the first `passes`
+    passes of the proposal. Returns, per change, whether it finished without waiting for the
+    proposal."""
+    real = request_dispatch.claim
+    finished: list[bool] = []
+
+    def meanwhile(*args, **kwargs):
+        if len(finished) < passes:
+            def write() -> None:
+                try:
+                    change()
+                finally:
+                    connection.close()
+
+            other = threading.Thread(target=write)
+            other.start()
+            other.join(timeout=10)
+            finished.append(not other.is_alive())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(request_dispatch, "claim", meanwhile)
+    return finished
+
+
+@pytest.mark.parametrize("change", ["tool disabled", "agent deactivated"])
+def test_a_change_committed_while_a_dispatching_proposal_judges_its_call_does_not_wait_and_is_seen(
+        agent, running_task, enqueued, payments_url, unique, monkeypatch, change):
+    """The proposal share-locks the agent's row and the configuration's generation with its
+    write, held to its commit, not from its task statement on: a change that commits while its
+    gate runs does not wait for it (every dispatching proposal of an agent, and of the whole
+    system for the configuration, held those rows for the whole of its gate before). The write
+    finds either row moved since it was read: nothing is written, the proposal reads again and
+    is refused."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a second writer while the request's transaction is open (SQLite takes one at a time)")
+    finished = _meanwhile_at_the_claim(monkeypatch, {
+        "tool disabled": lambda: Tool.objects.filter(name="payments.refund").update(enabled=False),
+        "agent deactivated": lambda: AgentPrincipal.objects.filter(pk=agent.pk).update(is_active=False),
+    }[change])
+
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert finished == [True]
+    assert response.status_code == 403, response.content
+    assert not Operation.objects.exists() and not Attempt.objects.exists() and enqueued.dispatches == []
+
+
+def test_a_dispatching_proposal_whose_authority_keeps_moving_gives_up_with_nothing_written(
+        running_task, enqueued, payments_url, unique, monkeypatch):
+    """A configuration that changes at every pass (each change leaves the call allowed) makes
+    the proposal read again a few times, then answer 409 with nothing written: the agent
+    proposes the call again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a second writer while the request's transaction is open (SQLite takes one at a time)")
+
+    def touch() -> None:
+        tool = Tool.objects.get(name="payments.refund")
+        tool.description += "."
+        tool_save(tool=tool)
+
+    finished = _meanwhile_at_the_claim(monkeypatch, touch, passes=100)
+
+    response = propose(running_task, arguments=refund(order_id=unique("ord")))
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "conflict"
+    assert finished == [True] * len(finished) and len(finished) > 1
+    assert not Operation.objects.exists() and not Call.objects.exists() and enqueued.dispatches == []
+    monkeypatch.undo()  # the configuration stays still now
+    settled = propose(running_task, arguments=refund(order_id=unique("ord")))
+    assert (settled.status_code, settled.json()["status"]) == (201, "confirmed"), settled.content
+
+
 def test_a_configuration_change_waits_for_the_dispatching_proposal_that_holds_it(
         running_task, enqueued, payments_url, unique):
     """A tool disabled while the proposal's claim is about to commit waits for that commit: the
