@@ -128,14 +128,12 @@ def call_propose(
         for _ in range(PROPOSAL_PASSES):
             try:
                 return _propose(**proposal)
-            except _LostRace:
-                # Another writer inserted this call or operation after our reads (the task lock
-                # keeps agents out, not a compensation): everything was rolled back, and the
-                # next pass finds the ledger's row and answers from it.
-                continue
-            except _AuthorityMoved:
-                # The agent's row or the configuration changed between the reads and the write
-                # of a dispatching proposal: nothing was written, the next pass reads them again.
+            except (_LostRace, _AuthorityMoved):
+                # Everything was rolled back. Lost race: another writer inserted this call or
+                # operation after our reads (the task lock keeps agents out, not a compensation);
+                # the next pass finds the ledger's row and answers from it. Authority moved: the
+                # agent's row or the configuration changed between the reads and the write of a
+                # dispatching proposal; the next pass reads them again.
                 continue
     except _InvalidArguments as invalid:
         _record_invalid_arguments(invalid, principal=principal, call_id=call_id, step_id=step_id)

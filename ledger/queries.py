@@ -167,7 +167,7 @@ def task_for_claim_sql(vendor: str) -> str:
 # a change committed since is seen (a row here: nothing is written, the proposal reads again),
 # one that comes later waits for the commit. Held from the write, not from the task statement:
 # every dispatching proposal of an agent, and of the whole system for the generation, shares
-# these two rows, and held through the gate they made the proposals' locks pile up on them.
+# these two rows, so each holds them for its write and commit only, not through its gate.
 # PostgreSQL only (SQLite's writers take turns: what the proposal read stays as it is).
 # Parameters: the agent's id, its row version as read, the token as read.
 AUTHORITY_MOVED_SQL = (

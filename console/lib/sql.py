@@ -230,8 +230,8 @@ def prep(field: models.Field, value: Any, connection) -> Any:
     if kind.json and type(field) is models.JSONField and (type(value) is dict or type(value) is list):
         # JSONField's own last step (a subclass may prepare its values first: the slow path).
         return connection.ops.adapt_json_value(value, field.encoder)
-    if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
-        return value  # a text field keeps a str subclass (a TextChoices member) as it is
+    if kind.keeps(value):
+        return value
     if kind.is_datetime and type(value) is datetime and value.tzinfo is not None and connection.vendor == "postgresql":
         return value  # psycopg sends an aware datetime itself; Django's methods return it unchanged
     return field.get_db_prep_save(value, connection)
@@ -246,6 +246,11 @@ class _Kind:
     plain: type | None  # the Python type the field stores unchanged
     json: bool
     is_datetime: bool
+
+    def keeps(self, value: Any) -> bool:
+        """The value goes to the database as it is: of the type the field stores unchanged (a
+        text field keeps a str subclass, a TextChoices member, as it is)."""
+        return type(value) is self.plain or (self.plain is str and isinstance(value, str))
 
     @classmethod
     def of(cls, field: models.Field) -> _Kind:
@@ -321,8 +326,7 @@ def _where_value(model: type[models.Model], name: str, value: Any, connection) -
     if isinstance(value, models.Model):
         value = value.pk
     field = _field(model, name)
-    kind = _kind(field)
-    if type(value) is kind.plain or (kind.plain is str and isinstance(value, str)):
+    if _kind(field).keeps(value):
         return value
     return field.get_db_prep_value(value, connection, prepared=False)
 
