@@ -110,14 +110,6 @@ class Tail:
 
     _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    @classmethod
-    def for_loop(cls) -> Tail:
-        loop = asyncio.get_running_loop()
-        tail = cls._by_loop.get(loop)
-        if tail is None:
-            tail = cls._by_loop[loop] = cls()
-        return tail
-
     def __init__(self) -> None:
         self.members: set[LiveConsumer] = set()
         self.ids: list[int] = []  # ascending
@@ -130,31 +122,39 @@ class Tail:
         self.ring_at = 0.0  # time.time() when the last doorbell arrived
         self.wakeup = asyncio.Event()
         self.shared: OrderedDict[Any, asyncio.Future] = OrderedDict()
-        self.db: _DbThreads | None = None
-        self.task: asyncio.Task | None = None
         self.channel: str | None = None
+        self.db = _DbThreads(DB_THREADS)
+        self.task = asyncio.create_task(self._run())
 
     # ---------------------------------------------------------------- membership
 
-    async def join(self, member: LiveConsumer) -> None:
-        self.members.add(member)
-        if self.task is None:
-            self.db = _DbThreads(DB_THREADS)
-            self.task = asyncio.create_task(self._run())
+    @classmethod
+    def join(cls, member: LiveConsumer) -> Tail:
+        """The running loop's tail with `member` in it; a new one (reading) if the loop has none.
+        Not a coroutine: finding the tail and joining it is one step, so the tail cannot end in
+        between."""
+        loop = asyncio.get_running_loop()
+        tail = cls._by_loop.get(loop)
+        if tail is None:
+            tail = cls._by_loop[loop] = cls()
+        tail.members.add(member)
+        return tail
 
     async def leave(self, member: LiveConsumer) -> None:
         self.members.discard(member)
-        if self.members or self.task is None:
+        if self.members:
             return
-        task, self.task = self.task, None
-        task.cancel()
+        # The last socket: this tail ends, and a socket that connects from now on (even during
+        # the awaits below) starts a new one. Ending it in place after those awaits instead
+        # stopped the threads of a socket that had joined meanwhile: its page said "live" and
+        # never changed again.
+        loop = asyncio.get_running_loop()
+        if self._by_loop.get(loop) is self:
+            del self._by_loop[loop]
+        self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await self.task
         self.db.stop()
-        self.db = None
-        self.ids, self.events = [], {}
-        self.floor, self.max_id = None, 0
-        self.shared.clear()
 
     # -------------------------------------------------------------------- reading
 
@@ -286,9 +286,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.hello = asyncio.Event()
         self.viewer: live.Viewer | None = None
         self.viewer_at = 0.0
-        self.tail = Tail.for_loop()
         await self.accept()
-        await self.tail.join(self)
+        self.tail = Tail.join(self)
         self.poller = asyncio.create_task(self._poll())
 
     async def disconnect(self, code: int) -> None:

@@ -423,3 +423,76 @@ def test_a_socket_whose_tenant_was_quiet_while_others_wrote_much_gets_its_next_e
 
     assert sorted(i for html in fragments for i in rows(html)) == [fresh, more]
     assert [cursor(html) for html in fragments][-1] == more
+
+
+class _Member:
+    """What the tail needs of a socket: something to wake."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.wakeup = asyncio.Event()
+
+
+class _YieldingLayer:
+    """The in-memory channel layer, but every call gives the event loop a turn, as a network
+    layer (Redis) does: other sockets connect and leave in between."""
+
+    def __init__(self, layer) -> None:
+        self.layer = layer
+
+    def __getattr__(self, name):
+        import asyncio
+
+        method = getattr(self.layer, name)
+
+        async def call(*args, **kwargs):
+            await asyncio.sleep(0)
+            return await method(*args, **kwargs)
+
+        return call
+
+
+def test_a_socket_that_joins_while_the_last_one_leaves_gets_a_working_tail(monkeypatch, agent):
+    """A filter swaps the support queue's table: the old socket closes as the new one opens.
+    The last socket's leave stopped the tail's threads and dropped its state after an await;
+    a socket that joined during that await found a new tail whose threads were then stopped
+    under it: every read failed and the page said "live" and never changed again (seen in CI's
+    browser tests on PostgreSQL and Redis)."""
+    import asyncio
+
+    from channels import layers
+    from channels.layers import InMemoryChannelLayer
+
+    from console import doorbell
+    from console.consumers import Tail
+
+    layer = InMemoryChannelLayer()
+    monkeypatch.setattr(layers, "get_channel_layer", lambda *a, **k: _YieldingLayer(layer))
+
+    async def until(condition, what: str) -> None:
+        for _ in range(1000):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"waited 10 s for {what}")
+
+    async def join(member) -> Tail:
+        return Tail.join(member)
+
+    async def scenario():
+        first, second = _Member(), _Member()
+        old = Tail.join(first)
+        await until(lambda: old.floor is not None, "the first read")
+        _, tail = await asyncio.gather(old.leave(first), join(second))
+        await until(lambda: tail.channel in layer.groups.get(doorbell.DOORBELL_GROUP, {}), "the doorbell")
+        await asyncio.sleep(0.05)  # the first tail's last steps, if any are left
+        fresh = await database_sync_to_async(new_event)(agent)
+        await until(lambda: fresh in tail.events, "the new event in the tail")
+        in_group = tail.channel in layer.groups.get(doorbell.DOORBELL_GROUP, {})
+        await tail.leave(second)
+        return second.wakeup.is_set(), in_group
+
+    woken, in_group = async_to_sync(scenario)()
+    assert woken
+    assert in_group  # still rung, not only polled
