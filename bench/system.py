@@ -77,6 +77,9 @@ class Point:
     duplicates: int = 0
     missing: int = 0
     cpu: dict[str, float] = field(default_factory=dict)  # the product's processes: CPU seconds in the window
+    # Their context switches in the window: (voluntary, involuntary). Many involuntary ones per
+    # call: threads taken off a core while runnable (the GIL handed over, the cores overbooked).
+    switches: dict[str, tuple[int, int]] = field(default_factory=dict)
     round: int = 0  # with --rounds: which round of the agent count
 
     @property
@@ -102,7 +105,11 @@ class Point:
                 f"{'  other: ' + dict(others).__repr__() if others else ''}  (load {self.load})"
                 + (f"\n{'':11} CPU per confirmed call: " + ", ".join(
                     f"{name} {seconds * 1000 / len(self.confirmed):.2f} ms" for name, seconds in self.cpu.items())
-                   if self.cpu and self.confirmed else ""))
+                   if self.cpu and self.confirmed else "")
+                + (f"\n{'':11} context switches per confirmed call (voluntary/involuntary): " + ", ".join(
+                    f"{name} {vol / len(self.confirmed):.1f}/{invol / len(self.confirmed):.1f}"
+                    for name, (vol, invol) in self.switches.items())
+                   if self.switches and self.confirmed else ""))
 
     def summary(self) -> dict[str, Any]:
         return {"system": self.system, "servers": self.servers, "workers": self.workers, "agents": self.agents,
@@ -415,15 +422,14 @@ def dbos_agent(index: int, system_url: str, payments_url: str, tag: str, barrier
     results.put((calls, error))
 
 
-def run_agents(target, args_for, agents: int, seconds: float,
-               watch: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
+def run_agents(target, args_for, agents: int, seconds: float, watch: dict[str, int] | None = None,
+               during=None) -> tuple[list[dict[str, Any]], float, dict[str, float], dict[str, tuple[int, int]]]:
     """Spawns the agents, waits until all are warm, lets them run `seconds`, collects their calls.
     Returns the calls (marked in_window when final before the stop), the window's length, and
-    the CPU seconds each process of `watch` (name: pid) used in the window."""
+    the CPU seconds and context switches each process of `watch` (name: pid) had in the window,
+    with PostgreSQL's processes as "postgres". `during()` is called as the window opens."""
     import multiprocessing
     import threading
-
-    from bench.request_path import cpu_seconds
 
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(agents + 1)
@@ -438,11 +444,19 @@ def run_agents(target, args_for, agents: int, seconds: float,
     except threading.BrokenBarrierError:
         pass
     started = time.monotonic()
-    cpu_before = {name: cpu_seconds(pid) for name, pid in (watch or {}).items()}
+    before = {name: process_sample(pid) for name, pid in (watch or {}).items()}
+    if watch:
+        before["postgres"] = postgres_sample()
+    if during is not None:
+        during()
     if not barrier.broken:
         stop.wait(seconds)
     window_end = time.monotonic()
-    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in (watch or {}).items()}
+    after = {name: process_sample(pid) for name, pid in (watch or {}).items()}
+    if watch:
+        after["postgres"] = postgres_sample()
+    cpu = {name: after[name][0] - sample[0] for name, sample in before.items()}
+    switches = {name: (after[name][1] - sample[1], after[name][2] - sample[2]) for name, sample in before.items()}
     stop.set()
     reports = [results.get(timeout=300) for _ in children]
     for child in children:
@@ -453,7 +467,42 @@ def run_agents(target, args_for, agents: int, seconds: float,
     calls = [call for found, _ in reports for call in found]
     for call in calls:
         call["in_window"] = call["ended"] <= window_end
-    return calls, window_end - started, cpu
+    return calls, window_end - started, cpu, switches
+
+
+def process_sample(pid: int) -> tuple[float, int, int]:
+    """A process's CPU seconds, voluntary and involuntary context switches: of all its threads
+    (a thread's switches are in its own status file; a thread that ended takes its own)."""
+    from bench.request_path import cpu_seconds
+
+    voluntary = involuntary = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except OSError:
+            continue  # ended meanwhile
+        status = dict(line.split(":", 1) for line in lines if ":" in line)
+        voluntary += int(status["voluntary_ctxt_switches"])
+        involuntary += int(status["nonvoluntary_ctxt_switches"])
+    return cpu_seconds(pid), voluntary, involuntary
+
+
+def postgres_sample() -> tuple[float, int, int]:
+    """process_sample summed over this machine's PostgreSQL processes (its backends: the
+    servers' pooled connections live through a window; one that ends inside it takes its
+    share with it)."""
+    total = [0.0, 0, 0]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            sample = process_sample(int(entry.name))
+        except (OSError, KeyError, ValueError):
+            continue  # gone meanwhile
+        total = [a + b for a, b in zip(total, sample, strict=True)]
+    return total[0], total[1], total[2]
 
 
 # --- effects -----------------------------------------------------------------------------------
@@ -500,22 +549,43 @@ def machine_info(url: str) -> dict[str, Any]:
 
 
 def measure(name: str, *, servers: int, workers: int, agents: int, round_: int, tag: str, seconds: float, url: str,
-            system: System, floor, dbos_url: str, provider_url: str) -> Point:
+            system: System, floor, dbos_url: str, provider_url: str, profiles: Path | None = None) -> Point:
     """`agents` agent processes against one system for `seconds`: "countersign", "floor", "dbos"
     or "provider" (the sandbox alone)."""
     cpu: dict[str, float] = {}
+    switches: dict[str, tuple[int, int]] = {}
     if name == "countersign":
-        calls, elapsed, cpu = run_agents(countersign_agent, lambda i: (i, system.urls[i % len(system.urls)], tag),
-                                         agents, seconds, system.pids)
+        during = None
+        if profiles is not None:
+            def during():
+                profile_servers(system, profiles / f"{tag}", seconds)
+        calls, elapsed, cpu, switches = run_agents(
+            countersign_agent, lambda i: (i, system.urls[i % len(system.urls)], tag), agents, seconds, system.pids,
+            during=during)
         print("           ", stages(url, tag), flush=True)
     elif name == "floor":
-        calls, elapsed, cpu = run_agents(floor_agent, lambda i: (i, floor.url, tag), agents, seconds,
-                                         {"floor-server": floor.procs[-1].pid})
+        calls, elapsed, cpu, switches = run_agents(floor_agent, lambda i: (i, floor.url, tag), agents, seconds,
+                                                   {"floor-server": floor.procs[-1].pid})
     elif name == "dbos":
-        calls, elapsed, _ = run_agents(dbos_agent, lambda i: (i, dbos_url, provider_url, tag), agents, seconds)
+        calls, elapsed, _, _ = run_agents(dbos_agent, lambda i: (i, dbos_url, provider_url, tag), agents, seconds)
     else:
-        calls, elapsed, _ = run_agents(provider_agent, lambda i: (i, provider_url, tag), agents, seconds)
-    return Point(name, servers, workers, agents, elapsed, load(), calls, cpu=cpu, round=round_)
+        calls, elapsed, _, _ = run_agents(provider_agent, lambda i: (i, provider_url, tag), agents, seconds)
+    return Point(name, servers, workers, agents, elapsed, load(), calls, cpu=cpu, switches=switches, round=round_)
+
+
+def profile_servers(system: System, prefix: Path, seconds: float) -> None:
+    """py-spy samples each server's on-CPU stacks for the window (without pausing it), as
+    collapsed stacks in `prefix`-<server>.txt: rounds of the same process side by side."""
+    import shutil
+    import subprocess
+
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    for child_name, pid in system.pids.items():
+        if "server" in child_name:
+            subprocess.Popen([py_spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
+                              "--rate", "200", "--nonblocking", "--format", "raw",
+                              "--output", f"{prefix}-{child_name}.txt"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -536,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds of every system at each agent count, in ABBA order; ratios are the median of "
                              "the rounds' ratios")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--profile-servers", type=Path, metavar="DIR",
+                        help="py-spy each server through each of Countersign's windows (collapsed stacks in DIR)")
     args = parser.parse_args(argv)
+    if args.profile_servers is not None:
+        args.profile_servers.mkdir(parents=True, exist_ok=True)
 
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
@@ -584,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
                                 measure(name, servers=servers, workers=workers, agents=agents, round_=round_,
                                         tag=f"{name[:2]}{run}s{servers}w{workers}n{agents}r{round_}",
                                         seconds=args.seconds, url=url, system=system, floor=floor,
-                                        dbos_url=dbos_url, provider_url=payments.base_url)
+                                        dbos_url=dbos_url, provider_url=payments.base_url,
+                                        profiles=args.profile_servers)
                                 for name in (names if round_ % 2 == 0 else names[::-1])]
                             points.extend(measured)
                             effects = sandbox_effects(payments.base_url)

@@ -39,3 +39,32 @@ def test_one_round_reads_as_before(capsys):
     assert "rounds" not in out
     assert "agents= 8:    90.0 /   100.0 =  0.90   p99" in out
     assert "met in 0 of 1 cells" in out
+
+
+def test_a_process_sample_counts_the_switches_of_every_thread():
+    """/proc/PID/status counts the main thread's switches only; a server's work is in its
+    other threads."""
+    import os
+    import threading
+    import time
+
+    napped, release = threading.Event(), threading.Event()
+
+    def naps() -> None:
+        for _ in range(50):
+            time.sleep(0.001)  # each sleep gives the core up: a voluntary switch
+        napped.set()
+        release.wait()
+
+    thread = threading.Thread(target=naps)
+    before = system.process_sample(os.getpid())
+    thread.start()
+    try:
+        assert napped.wait(10)
+        after = system.process_sample(os.getpid())
+    finally:
+        release.set()
+        thread.join()
+
+    assert after[1] - before[1] >= 50
+    assert after[0] >= before[0]
