@@ -931,12 +931,14 @@ def print_paired(pairs: list[paired.Paired], client_counts: list[int]) -> None:
         floor_pair = mine.get("floor")
         row.append("n/a" if floor_pair is None else
                    f"{floor_pair.cpu_ms_per_op[0]:.2f} ÷ {floor_pair.cpu_ms_per_op[1]:.2f}")
+        row.append("n/a" if floor_pair is None else
+                   f"{floor_pair.pg_ms_per_op[0]:.2f} ÷ {floor_pair.pg_ms_per_op[1]:.2f}")
         rows.append(row)
     blocks, slice_seconds = len(pairs[0].blocks), pairs[0].slice_seconds
     print_table(f"Lifecycle in alternating slices with its yardstick (bench/paired.py): median of {blocks} ABBA "
                 f"blocks of {slice_seconds:g} s slices", rows,
                 ["clients", "÷ floor", "blocks", f"≥ {TARGET_VS_FLOOR:g}", "÷ DBOS", "blocks", f"≥ {TARGET_VS_DBOS:g}",
-                 "client CPU ms/op, lifecycle ÷ floor"])
+                 "client CPU ms/op, lifecycle ÷ floor", "PostgreSQL CPU ms/op, lifecycle ÷ floor"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1050,7 +1052,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"(blocks {min(pair.ratios):.2f}–{max(pair.ratios):.2f}), ops/s "
                       f"{statistics.median(a for a, _ in pair.blocks):.1f} ÷ "
                       f"{statistics.median(b for _, b in pair.blocks):.1f}, cpu "
-                      f"{pair.cpu_ms_per_op[0]:.2f} ÷ {pair.cpu_ms_per_op[1]:.2f} ms/op", flush=True)
+                      f"{pair.cpu_ms_per_op[0]:.2f} ÷ {pair.cpu_ms_per_op[1]:.2f} ms/op, PostgreSQL "
+                      f"{pair.pg_ms_per_op[0]:.2f} ÷ {pair.pg_ms_per_op[1]:.2f} ms/op", flush=True)
 
     ledger_after = ledger_size()
     print(f"\nledger: {ledger_before} operations before the measurements, {ledger_after} after")

@@ -36,6 +36,9 @@ class Paired:
     cpu_ms_per_op: tuple[float, float]
     p50_ms: tuple[float, float]
     p99_ms: tuple[float, float]
+    # PostgreSQL's CPU (all its processes) per operation in each kind's slices: the server's
+    # share of an operation, which the clients' CPU leaves out.
+    pg_ms_per_op: tuple[float, float] = (0.0, 0.0)
 
     @property
     def ratios(self) -> list[float]:
@@ -48,7 +51,8 @@ class Paired:
     def summary(self) -> dict:
         return {"kinds": list(self.kinds), "clients": self.clients, "slice_seconds": self.slice_seconds,
                 "blocks_ops_per_s": self.blocks, "ratios": self.ratios, "ratio_median": self.ratio,
-                "cpu_ms_per_op": list(self.cpu_ms_per_op), "p50_ms": list(self.p50_ms), "p99_ms": list(self.p99_ms)}
+                "cpu_ms_per_op": list(self.cpu_ms_per_op), "p50_ms": list(self.p50_ms), "p99_ms": list(self.p99_ms),
+                "pg_ms_per_op": list(self.pg_ms_per_op)}
 
 
 def block_rates(ops: list[list[int]], durations: list[list[float]]) -> list[tuple[float, float]]:
@@ -105,6 +109,7 @@ def run(kinds: tuple[str, str], clients: int, *, slice_seconds: float, blocks: i
     import multiprocessing
 
     from bench import ledger
+    from bench.procstat import postgres_sample, spent
 
     context = multiprocessing.get_context("spawn")
     slices = 2 * blocks  # each kind's
@@ -126,17 +131,20 @@ def run(kinds: tuple[str, str], clients: int, *, slice_seconds: float, blocks: i
     for child in children:
         child.start()
     durations: list[list[float]] = [[], []]
+    pg_seconds = [0.0, 0.0]
     try:
         ready.wait(TIMEOUT)
         if sealer is not None:
             seal_ready.wait(TIMEOUT)
         for k in BLOCK * blocks:
+            pg_before = postgres_sample()  # between slices: the clients wait at the barrier
             start[k].wait(TIMEOUT)
             began = time.perf_counter()
             time.sleep(slice_seconds)
             ended[k].set()
             end[k].wait(TIMEOUT)
             durations[k].append(time.perf_counter() - began)
+            pg_seconds[k] += spent(pg_before, postgres_sample())[0]
             ended[k].clear()
     except threading.BrokenBarrierError:
         # A client failed (its report says why): the others are let go.
@@ -169,4 +177,5 @@ def run(kinds: tuple[str, str], clients: int, *, slice_seconds: float, blocks: i
         cpu_ms_per_op=tuple(cpu[k] / max(1, sum(ops[k])) * 1000 for k in range(2)),
         p50_ms=tuple(ledger.percentile(latencies[k], 50) * 1000 for k in range(2)),
         p99_ms=tuple(ledger.percentile(latencies[k], 99) * 1000 for k in range(2)),
+        pg_ms_per_op=tuple(pg_seconds[k] / max(1, sum(ops[k])) * 1000 for k in range(2)),
     )

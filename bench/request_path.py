@@ -53,9 +53,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.latency import TERMINAL, free_port_block, pct, start_task  # noqa: E402
+from bench.procstat import cpu_seconds  # noqa: E402
 
 TOKEN = "bench-request-path-token"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 async def floor_app(scope, receive, send) -> None:
@@ -85,11 +85,6 @@ def wait_for(url: str, proc: subprocess.Popen, what: str, log: Path) -> None:
             pass
         time.sleep(0.3)
     raise RuntimeError(f"{what} did not answer in 90 s; see {log}")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
 def find_server_pid(port: int) -> int:

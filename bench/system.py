@@ -431,6 +431,8 @@ def run_agents(target, args_for, agents: int, seconds: float, watch: dict[str, i
     import multiprocessing
     import threading
 
+    from bench.procstat import postgres_sample, process_sample, spent
+
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(agents + 1)
     stop = context.Event()
@@ -445,8 +447,7 @@ def run_agents(target, args_for, agents: int, seconds: float, watch: dict[str, i
         pass
     started = time.monotonic()
     before = {name: process_sample(pid) for name, pid in (watch or {}).items()}
-    if watch:
-        before["postgres"] = postgres_sample()
+    postgres_before = postgres_sample() if watch else {}
     if during is not None:
         during()
     if not barrier.broken:
@@ -454,7 +455,7 @@ def run_agents(target, args_for, agents: int, seconds: float, watch: dict[str, i
     window_end = time.monotonic()
     after = {name: process_sample(pid) for name, pid in (watch or {}).items()}
     if watch:
-        after["postgres"] = postgres_sample()
+        before["postgres"], after["postgres"] = (0.0, 0, 0), spent(postgres_before, postgres_sample())
     cpu = {name: after[name][0] - sample[0] for name, sample in before.items()}
     switches = {name: (after[name][1] - sample[1], after[name][2] - sample[2]) for name, sample in before.items()}
     stop.set()
@@ -468,41 +469,6 @@ def run_agents(target, args_for, agents: int, seconds: float, watch: dict[str, i
     for call in calls:
         call["in_window"] = call["ended"] <= window_end
     return calls, window_end - started, cpu, switches
-
-
-def process_sample(pid: int) -> tuple[float, int, int]:
-    """A process's CPU seconds, voluntary and involuntary context switches: of all its threads
-    (a thread's switches are in its own status file; a thread that ended takes its own)."""
-    from bench.request_path import cpu_seconds
-
-    voluntary = involuntary = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            lines = (task / "status").read_text().splitlines()
-        except OSError:
-            continue  # ended meanwhile
-        status = dict(line.split(":", 1) for line in lines if ":" in line)
-        voluntary += int(status["voluntary_ctxt_switches"])
-        involuntary += int(status["nonvoluntary_ctxt_switches"])
-    return cpu_seconds(pid), voluntary, involuntary
-
-
-def postgres_sample() -> tuple[float, int, int]:
-    """process_sample summed over this machine's PostgreSQL processes (its backends: the
-    servers' pooled connections live through a window; one that ends inside it takes its
-    share with it)."""
-    total = [0.0, 0, 0]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "comm").read_text().strip() != "postgres":
-                continue
-            sample = process_sample(int(entry.name))
-        except (OSError, KeyError, ValueError):
-            continue  # gone meanwhile
-        total = [a + b for a, b in zip(total, sample, strict=True)]
-    return total[0], total[1], total[2]
 
 
 # --- effects -----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ rate over the rounds."""
 
 from __future__ import annotations
 
-from bench import system
+from bench import procstat, system
 
 
 def point(name: str, agents: int, per_s: int, round_: int) -> system.Point:
@@ -57,14 +57,21 @@ def test_a_process_sample_counts_the_switches_of_every_thread():
         release.wait()
 
     thread = threading.Thread(target=naps)
-    before = system.process_sample(os.getpid())
+    before = procstat.process_sample(os.getpid())
     thread.start()
     try:
         assert napped.wait(10)
-        after = system.process_sample(os.getpid())
+        after = procstat.process_sample(os.getpid())
     finally:
         release.set()
         thread.join()
 
     assert after[1] - before[1] >= 50
     assert after[0] >= before[0]
+
+
+def test_what_postgres_spent_leaves_out_a_process_that_ended_and_counts_a_new_one_whole():
+    before = {1: (2.0, 10, 1), 2: (5.0, 50, 5)}
+    after = {1: (2.5, 14, 2), 3: (0.25, 3, 0)}  # 2 ended, 3 started
+
+    assert procstat.spent(before, after) == (0.75, 7, 1)
