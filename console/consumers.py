@@ -123,6 +123,7 @@ class Tail:
         self.wakeup = asyncio.Event()
         self.shared: OrderedDict[Any, asyncio.Future] = OrderedDict()
         self.channel: str | None = None
+        self.ended = False  # its last socket left: it reads no more, and a new socket starts another
         self.db = _DbThreads(DB_THREADS)
         self.task = asyncio.create_task(self._run())
 
@@ -142,8 +143,9 @@ class Tail:
 
     async def leave(self, member: LiveConsumer) -> None:
         self.members.discard(member)
-        if self.members:
+        if self.members or self.ended:
             return
+        self.ended = True
         # The last socket: this tail ends, and a socket that connects from now on (even during
         # the awaits below) starts a new one. Ending it in place after those awaits instead
         # stopped the threads of a socket that had joined meanwhile: its page said "live" and
